@@ -1,0 +1,191 @@
+"""The pool of KV cache blocks: ref counts, an O(1) free queue in eviction order, and the prefix-cache map.
+
+Free blocks stay in the free queue even while they still hold a cached hash; a cache hit takes such a
+block back out of the queue ("touch"), and a block is only forgotten by the cache when it is popped for
+reuse (lazy eviction). Eviction order: front of the queue first.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from engine.core.hashing import BlockHash
+
+
+class KVCacheBlock:
+    """One physical block; the prev/next links make the free queue intrusive (no per-node allocation)."""
+
+    __slots__ = ("block_id", "ref_cnt", "block_hash", "prev_free_block", "next_free_block", "is_null")
+
+    def __init__(self, block_id: int) -> None:
+        self.block_id = block_id
+        self.ref_cnt = 0
+        self.block_hash: BlockHash | None = None
+        self.prev_free_block: KVCacheBlock | None = None
+        self.next_free_block: KVCacheBlock | None = None
+        self.is_null = False
+
+    def __repr__(self) -> str:
+        return f"KVCacheBlock(id={self.block_id}, ref={self.ref_cnt}, cached={self.block_hash is not None})"
+
+
+class FreeKVCacheBlockQueue:
+    """Doubly linked list of free blocks between two sentinels: O(1) popleft, append, appendleft, remove."""
+
+    def __init__(self, blocks: list[KVCacheBlock]) -> None:
+        self.num_free_blocks = len(blocks)
+        self._head = KVCacheBlock(-1)
+        self._tail = KVCacheBlock(-1)
+        prev = self._head
+        for block in blocks:
+            prev.next_free_block = block
+            block.prev_free_block = prev
+            prev = block
+        prev.next_free_block = self._tail
+        self._tail.prev_free_block = prev
+
+    def popleft(self) -> KVCacheBlock:
+        block = self._head.next_free_block
+        if block is self._tail:
+            raise ValueError("no free blocks left")
+        self.remove(block)
+        return block
+
+    def popleft_n(self, n: int) -> list[KVCacheBlock]:
+        if n > self.num_free_blocks:
+            raise ValueError(f"asked for {n} free blocks, have {self.num_free_blocks}")
+        out = []
+        block = self._head.next_free_block
+        for _ in range(n):
+            out.append(block)
+            nxt = block.next_free_block
+            block.prev_free_block = block.next_free_block = None
+            block = nxt
+        self._head.next_free_block = block
+        block.prev_free_block = self._head
+        self.num_free_blocks -= n
+        return out
+
+    def remove(self, block: KVCacheBlock) -> None:
+        prev, nxt = block.prev_free_block, block.next_free_block
+        if prev is None or nxt is None:
+            raise RuntimeError(f"{block} is not in the free queue")
+        prev.next_free_block = nxt
+        nxt.prev_free_block = prev
+        block.prev_free_block = block.next_free_block = None
+        self.num_free_blocks -= 1
+
+    def append(self, block: KVCacheBlock) -> None:
+        last = self._tail.prev_free_block
+        last.next_free_block = block
+        block.prev_free_block = last
+        block.next_free_block = self._tail
+        self._tail.prev_free_block = block
+        self.num_free_blocks += 1
+
+    def appendleft(self, block: KVCacheBlock) -> None:
+        first = self._head.next_free_block
+        self._head.next_free_block = block
+        block.prev_free_block = self._head
+        block.next_free_block = first
+        first.prev_free_block = block
+        self.num_free_blocks += 1
+
+    def get_all_free_blocks(self) -> list[KVCacheBlock]:
+        out = []
+        block = self._head.next_free_block
+        while block is not self._tail:
+            out.append(block)
+            block = block.next_free_block
+        return out
+
+
+class BlockPool:
+    """Owns every block. Block 0 is the null block: never handed out, used to pad block tables."""
+
+    def __init__(self, num_blocks: int, enable_caching: bool = True) -> None:
+        if num_blocks < 2:
+            raise ValueError(f"num_blocks: need at least 2 (one is the null block), got {num_blocks}")
+        self.num_blocks = num_blocks
+        self.enable_caching = enable_caching
+        self.blocks = [KVCacheBlock(i) for i in range(num_blocks)]
+        self.free_block_queue = FreeKVCacheBlockQueue(self.blocks)
+        self.null_block = self.free_block_queue.popleft()
+        self.null_block.is_null = True
+        self.cached_block_hash_to_block: dict[BlockHash, KVCacheBlock] = {}
+        self.num_evictions = 0
+
+    def get_cached_block(self, block_hash: BlockHash) -> KVCacheBlock | None:
+        return self.cached_block_hash_to_block.get(block_hash)
+
+    def cache_full_blocks(self, blocks: list[KVCacheBlock], block_hashes: list[BlockHash],
+                          num_cached_blocks: int, num_full_blocks: int) -> None:
+        """Register blocks[num_cached:num_full] under their hashes; the first block with a hash keeps it."""
+        table = self.cached_block_hash_to_block
+        for i in range(num_cached_blocks, num_full_blocks):
+            block = blocks[i]
+            if block.block_hash is not None:
+                continue
+            h = block_hashes[i]
+            if h not in table:
+                block.block_hash = h
+                table[h] = block
+
+    def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
+        """Pop blocks off the front of the free queue, evicting any stale cached hash they carry."""
+        blocks = self.free_block_queue.popleft_n(num_blocks)
+        for block in blocks:
+            if block.block_hash is not None:
+                self.uncache(block)
+                self.num_evictions += 1
+            block.ref_cnt = 1
+        return blocks
+
+    def uncache(self, block: KVCacheBlock) -> None:
+        """Drop a block's hash from the prefix cache."""
+        table = self.cached_block_hash_to_block
+        if table.get(block.block_hash) is block:
+            del table[block.block_hash]
+        block.block_hash = None
+
+    def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
+        """Take a reference on cache hits; a hit on a free block removes it from the free queue."""
+        queue = self.free_block_queue
+        for block in blocks:
+            if block.ref_cnt == 0 and not block.is_null:
+                queue.remove(block)
+            block.ref_cnt += 1
+
+    def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
+        """Drop a reference; blocks reaching zero become free: uncached ones are reused first,
+        cached ones join the LRU tail in the order given (callers pass a request's blocks tail first)."""
+        queue = self.free_block_queue
+        for block in ordered_blocks:
+            if block.is_null:
+                continue
+            block.ref_cnt -= 1
+            if block.ref_cnt == 0:
+                if block.block_hash is None:
+                    queue.appendleft(block)
+                else:
+                    queue.append(block)
+            elif block.ref_cnt < 0:
+                raise RuntimeError(f"{block} freed more often than it was taken")
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached hash; refused (False) while any block is held, as vLLM does."""
+        if self.get_num_free_blocks() != self.num_blocks - 1:
+            return False
+        self.cached_block_hash_to_block.clear()
+        for block in self.blocks:
+            block.block_hash = None
+        return True
+
+    def get_num_free_blocks(self) -> int:
+        return self.free_block_queue.num_free_blocks
+
+    @property
+    def num_usable_blocks(self) -> int:
+        return self.num_blocks - 1
+
+    def get_usage(self) -> float:
+        return 1.0 - self.get_num_free_blocks() / self.num_usable_blocks

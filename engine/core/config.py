@@ -1,0 +1,70 @@
+"""Scheduler and cache configuration: the part of the engine config that the simulator shares."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+POLICIES = ("fcfs", "priority")
+
+
+def _check(cond: bool, field: str, why: str, value: object) -> None:
+    if not cond:
+        raise ValueError(f"{field}: {why}, got {value!r}")
+
+
+@dataclass(slots=True)
+class SchedulerConfig:
+    """vLLM's scheduler knobs under vLLM's names; `max_num_batched_tokens` is the per-step token budget."""
+
+    max_model_len: int = 4096
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int | None = None
+    enable_chunked_prefill: bool = True
+    long_prefill_token_threshold: int = 0
+    policy: str = "fcfs"
+
+    def __post_init__(self) -> None:
+        if self.max_num_batched_tokens is None:
+            # Without chunking a whole prompt must fit in one step.
+            self.max_num_batched_tokens = 8192 if self.enable_chunked_prefill else max(self.max_model_len, 8192)
+        _check(isinstance(self.max_model_len, int) and self.max_model_len >= 1, "max_model_len", "must be an int >= 1", self.max_model_len)
+        _check(isinstance(self.max_num_seqs, int) and self.max_num_seqs >= 1, "max_num_seqs", "must be an int >= 1", self.max_num_seqs)
+        _check(isinstance(self.max_num_batched_tokens, int) and self.max_num_batched_tokens >= 1,
+               "max_num_batched_tokens", "must be an int >= 1", self.max_num_batched_tokens)
+        _check(self.long_prefill_token_threshold >= 0, "long_prefill_token_threshold", "must be >= 0",
+               self.long_prefill_token_threshold)
+        _check(self.policy in POLICIES, "policy", f"must be one of {POLICIES}", self.policy)
+        if not self.enable_chunked_prefill:
+            _check(self.max_num_batched_tokens >= self.max_model_len, "max_num_batched_tokens",
+                   f"must be >= max_model_len ({self.max_model_len}) when chunked prefill is off",
+                   self.max_num_batched_tokens)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(slots=True)
+class CacheConfig:
+    """Paged KV cache shape as the scheduler sees it; block 0 is the null block, so usable = num_gpu_blocks - 1."""
+
+    block_size: int = 16
+    num_gpu_blocks: int | None = None
+    enable_prefix_caching: bool = True
+    watermark: float = 0.0
+    gpu_memory_utilization: float = 0.9
+    num_gpu_blocks_override: int | None = None
+    kv_cache_memory: int | None = None
+
+    def __post_init__(self) -> None:
+        _check(isinstance(self.block_size, int) and self.block_size >= 1, "block_size", "must be an int >= 1", self.block_size)
+        _check(self.num_gpu_blocks is None or self.num_gpu_blocks >= 2, "num_gpu_blocks",
+               "must be >= 2 (one is the null block)", self.num_gpu_blocks)
+        _check(0.0 <= self.watermark < 1.0, "watermark", "must be in [0, 1)", self.watermark)
+        _check(0.0 < self.gpu_memory_utilization <= 1.0, "gpu_memory_utilization", "must be in (0, 1]",
+               self.gpu_memory_utilization)
+        _check(self.num_gpu_blocks_override is None or self.num_gpu_blocks_override >= 2,
+               "num_gpu_blocks_override", "must be >= 2", self.num_gpu_blocks_override)
+        _check(self.kv_cache_memory is None or self.kv_cache_memory > 0, "kv_cache_memory", "must be > 0 bytes",
+               self.kv_cache_memory)
+
+    def to_dict(self) -> dict:
+        return asdict(self)

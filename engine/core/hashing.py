@@ -1,0 +1,38 @@
+"""Chained block hashes for prefix caching.
+
+A full block's hash covers its parent's hash, its token ids and extra keys (a cache salt), so equal
+hashes mean equal prefixes. xxh3-128 with a fixed seed keeps hashes identical across processes and
+machines, which traces and the simulator rely on; Python's `hash` is salted per process.
+"""
+from __future__ import annotations
+
+from array import array
+from collections.abc import Sequence
+
+import xxhash
+
+BlockHash = bytes
+_SEED = 0x5EED5C0BE
+NONE_HASH: BlockHash = xxhash.xxh3_128_digest(b"stepscope-root", seed=_SEED)
+
+
+def hash_block_tokens(parent: BlockHash | None, token_ids: Sequence[int], extra_keys: bytes = b"") -> BlockHash:
+    """Hash one full block given its parent's hash (None for the first block)."""
+    payload = (parent or NONE_HASH) + array("q", token_ids).tobytes() + extra_keys
+    return xxhash.xxh3_128_digest(payload, seed=_SEED)
+
+
+def extra_keys_for(cache_salt: str | None) -> bytes:
+    """Extra keys mixed into every block hash of a request; a salt separates otherwise equal prefixes."""
+    return b"" if not cache_salt else b"\x00salt:" + cache_salt.encode()
+
+
+def hash_request_tokens(token_ids: Sequence[int], block_size: int, cache_salt: str | None = None,
+                        start: int = 0, parent: BlockHash | None = None) -> list[BlockHash]:
+    """Hashes of the full blocks of `token_ids` from block index `start` on, chained from `parent`."""
+    extra = extra_keys_for(cache_salt)
+    hashes: list[BlockHash] = []
+    for i in range(start, len(token_ids) // block_size):
+        parent = hash_block_tokens(parent, token_ids[i * block_size:(i + 1) * block_size], extra)
+        hashes.append(parent)
+    return hashes

@@ -1,0 +1,54 @@
+"""Plain data crossing the core's seams: the model runner's output and what the core hands back per step."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from engine.core.kv_cache_manager import PrefixCacheStats
+
+
+@dataclass(slots=True)
+class LogprobsLists:
+    """Per request: the sampled token first, then the top-n; one row per sampled position."""
+
+    token_ids: list[list[int]]
+    logprobs: list[list[float]]
+    ranks: list[int]
+
+
+@dataclass(slots=True)
+class ModelRunnerOutput:
+    """One entry per scheduled request; a partial prefill samples nothing (an empty list)."""
+
+    req_ids: list[str]
+    sampled_token_ids: list[list[int]]
+    logprobs: dict[str, LogprobsLists] | None = None
+
+
+@dataclass(slots=True)
+class SchedulerStats:
+    num_running_reqs: int = 0
+    num_waiting_reqs: int = 0
+    kv_cache_usage: float = 0.0
+    num_preempted_reqs: int = 0
+    prefix_cache_stats: PrefixCacheStats = field(default_factory=PrefixCacheStats)
+
+
+@dataclass(slots=True)
+class EngineCoreOutput:
+    request_id: str
+    new_token_ids: list[int]
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    num_cached_tokens: int = 0
+    new_logprobs: LogprobsLists | None = None
+    freed_block_ids: list[int] | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass(slots=True)
+class EngineCoreOutputs:
+    outputs: list[EngineCoreOutput] = field(default_factory=list)
+    scheduler_stats: SchedulerStats | None = None

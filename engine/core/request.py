@@ -1,0 +1,118 @@
+"""A request as the scheduler tracks it: tokens, progress, status and the timestamps a trace needs."""
+from __future__ import annotations
+
+import enum
+
+from engine.core.hashing import BlockHash, extra_keys_for, hash_block_tokens
+from engine.core.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.IntEnum):
+    """WAITING -> RUNNING <-> PREEMPTED -> FINISHED_*; everything above PREEMPTED is finished."""
+
+    WAITING = 0
+    RUNNING = 1
+    PREEMPTED = 2
+    FINISHED_STOPPED = 3
+    FINISHED_LENGTH_CAPPED = 4
+    FINISHED_ABORTED = 5
+    FINISHED_ERROR = 6
+
+    @property
+    def finished(self) -> bool:
+        return self > RequestStatus.PREEMPTED
+
+    @property
+    def finish_reason(self) -> str | None:
+        return _FINISH_REASONS.get(self)
+
+
+_FINISH_REASONS = {
+    RequestStatus.FINISHED_STOPPED: "stop",
+    RequestStatus.FINISHED_LENGTH_CAPPED: "length",
+    RequestStatus.FINISHED_ABORTED: "abort",
+    RequestStatus.FINISHED_ERROR: "error",
+}
+
+
+class Request:
+    """Mutable per-request state owned by the scheduler; `block_hashes` grows as blocks fill."""
+
+    __slots__ = (
+        "request_id", "prompt_token_ids", "output_token_ids", "all_token_ids", "sampling_params",
+        "eos_token_id", "priority", "arrival_time", "cache_salt", "max_tokens", "status",
+        "num_computed_tokens", "num_cached_tokens", "num_preemptions", "block_hashes", "stop_reason",
+        "error", "block_size", "_extra_keys", "queued_time", "first_scheduled_time", "first_token_time",
+        "finished_time",
+    )
+
+    def __init__(self, request_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams,
+                 eos_token_id: int | None = None, arrival_time: float = 0.0, priority: int = 0,
+                 cache_salt: str | None = None, block_size: int | None = None) -> None:
+        self.request_id = request_id
+        self.prompt_token_ids = list(prompt_token_ids)
+        self.output_token_ids: list[int] = []
+        self.all_token_ids = list(self.prompt_token_ids)
+        self.sampling_params = sampling_params
+        self.eos_token_id = eos_token_id
+        self.priority = priority
+        self.arrival_time = arrival_time
+        self.cache_salt = cache_salt
+        self.max_tokens = sampling_params.max_tokens
+        self.status = RequestStatus.WAITING
+        self.num_computed_tokens = 0
+        self.num_cached_tokens = -1
+        self.num_preemptions = 0
+        self.stop_reason: int | str | None = None
+        self.error: str | None = None
+        self.queued_time: float | None = None
+        self.first_scheduled_time: float | None = None
+        self.first_token_time: float | None = None
+        self.finished_time: float | None = None
+        self._extra_keys = extra_keys_for(cache_salt)
+        self.block_size = block_size
+        self.block_hashes: list[BlockHash] = []
+        self.update_block_hashes()
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    def is_finished(self) -> bool:
+        return self.status > RequestStatus.PREEMPTED
+
+    def get_finish_reason(self) -> str | None:
+        return _FINISH_REASONS.get(self.status)
+
+    def append_output_token_ids(self, token_id: int) -> None:
+        self.output_token_ids.append(token_id)
+        self.all_token_ids.append(token_id)
+        if self.block_size and len(self.all_token_ids) % self.block_size == 0:
+            self.update_block_hashes()
+
+    def update_block_hashes(self) -> None:
+        """Hash every newly completed full block, chaining from the last known hash."""
+        if not self.block_size:
+            return
+        bs, tokens, hashes = self.block_size, self.all_token_ids, self.block_hashes
+        parent = hashes[-1] if hashes else None
+        for i in range(len(hashes), len(tokens) // bs):
+            parent = hash_block_tokens(parent, tokens[i * bs:(i + 1) * bs], self._extra_keys)
+            hashes.append(parent)
+
+    def __lt__(self, other: Request) -> bool:
+        """Priority order: lower `priority` first, then earlier arrival, then id (a stable tie-break)."""
+        return (self.priority, self.arrival_time, self.request_id) < (
+            other.priority, other.arrival_time, other.request_id)
+
+    def __repr__(self) -> str:
+        return (f"Request({self.request_id!r}, {self.status.name}, prompt={self.num_prompt_tokens}, "
+                f"out={self.num_output_tokens}, computed={self.num_computed_tokens})")

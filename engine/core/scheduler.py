@@ -1,0 +1,325 @@
+"""vLLM v1's scheduler: one token budget per step, running requests first, then waiting ones.
+
+There are no prefill and decode phases: each request simply has `num_tokens - num_computed_tokens`
+tokens left to compute, and a step gives every request as many as the budget allows, so prefill chunks
+and decodes share a batch. When a running request cannot get a block, the newest running request (FCFS)
+or the lowest-priority, latest-arriving one (priority) is preempted and later recomputed; a step that
+preempts admits nobody new.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+
+from engine.core.block_pool import KVCacheBlock
+from engine.core.config import CacheConfig, SchedulerConfig
+from engine.core.kv_cache_manager import KVCacheManager
+from engine.core.outputs import EngineCoreOutput, EngineCoreOutputs, ModelRunnerOutput, SchedulerStats
+from engine.core.request import Request, RequestStatus
+from engine.core.request_queue import create_request_queue
+from engine.core.sched_output import CachedRequestData, NewRequestData, SchedulerOutput
+
+
+class Scheduler:
+    """Decides, each step, which requests compute how many tokens; shared verbatim by engine and simulator."""
+
+    def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        if cache_config.num_gpu_blocks is None:
+            raise ValueError("cache_config.num_gpu_blocks: must be set before the scheduler is built")
+        self.scheduler_config = scheduler_config
+        self.cache_config = cache_config
+        self.max_num_running_reqs = scheduler_config.max_num_seqs
+        self.max_num_scheduled_tokens = scheduler_config.max_num_batched_tokens
+        self.max_model_len = scheduler_config.max_model_len
+        self.long_prefill_token_threshold = scheduler_config.long_prefill_token_threshold
+        self.enable_chunked_prefill = scheduler_config.enable_chunked_prefill
+        self.priority_policy = scheduler_config.policy == "priority"
+        self.block_size = cache_config.block_size
+        self.kv_cache_manager = KVCacheManager(
+            cache_config.num_gpu_blocks, cache_config.block_size, scheduler_config.max_model_len,
+            cache_config.enable_prefix_caching, cache_config.watermark)
+        self.clock = clock
+        self.requests: dict[str, Request] = {}
+        self.waiting = create_request_queue(scheduler_config.policy)
+        self.running: list[Request] = []
+        self.finished_req_ids: set[str] = set()
+        self._rejected: list[Request] = []
+        self._num_preempted_last_step = 0
+
+    # ---- admission -------------------------------------------------------------------------------
+    def add_request(self, request: Request) -> bool:
+        """Queue a request, or reject it (FINISHED_ERROR with a reason, reported at the next update)
+        when it could never run, so it cannot stall the queue forever."""
+        if request.request_id in self.requests:
+            raise ValueError(f"request_id {request.request_id!r} is already in the scheduler")
+        request.queued_time = self.clock()
+        if request.max_tokens is None:
+            request.max_tokens = max(1, self.max_model_len - request.num_prompt_tokens)
+        if self.cache_config.enable_prefix_caching and request.block_size != self.block_size:
+            request.block_size = self.block_size
+            request.block_hashes = []
+            request.update_block_hashes()
+        reason = self._admission_error(request)
+        if reason is not None:
+            request.status = RequestStatus.FINISHED_ERROR
+            request.error = reason
+            request.finished_time = request.queued_time
+            self._rejected.append(request)
+            return False
+        self.waiting.add_request(request)
+        self.requests[request.request_id] = request
+        return True
+
+    def _admission_error(self, request: Request) -> str | None:
+        n = request.num_prompt_tokens
+        if n == 0:
+            return "prompt is empty"
+        if n > self.max_model_len:
+            return f"prompt has {n} tokens, more than max_model_len={self.max_model_len}"
+        most_tokens = min(n + request.max_tokens, self.max_model_len)
+        need = -(-most_tokens // self.block_size)
+        have = self.kv_cache_manager.block_pool.num_usable_blocks
+        if need > have:
+            return (f"prompt {n} + max_tokens {request.max_tokens} needs {need} KV blocks of "
+                    f"{self.block_size} tokens but the cache has {have}")
+        return None
+
+    # ---- one step --------------------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        now = self.clock()
+        kv = self.kv_cache_manager
+        budget = self.max_num_scheduled_tokens
+        threshold = self.long_prefill_token_threshold
+        max_model_len = self.max_model_len
+        num_scheduled: dict[str, int] = {}
+        new_blocks_of: dict[str, list[KVCacheBlock]] = {}
+        scheduled_running: list[Request] = []
+        preempted: list[Request] = []
+        preempted_block_ids: dict[str, list[int]] = {}
+
+        running = self.running
+        i = 0
+        while i < len(running) and budget > 0:
+            req = running[i]
+            n = req.num_tokens - req.num_computed_tokens
+            if 0 < threshold < n:
+                n = threshold
+            n = min(n, budget, max_model_len - req.num_computed_tokens)
+            if n <= 0:
+                i += 1
+                continue
+            while (new_blocks := kv.allocate_slots(req, n)) is None:
+                victim = self._pick_victim()
+                victim_index = running.index(victim)
+                del running[victim_index]
+                if victim_index < i:
+                    i -= 1
+                if victim.request_id in num_scheduled:
+                    budget += num_scheduled.pop(victim.request_id)
+                    del new_blocks_of[victim.request_id]
+                    scheduled_running.remove(victim)
+                preempted_block_ids[victim.request_id] = self._preempt(victim)
+                preempted.append(victim)
+                if victim is req:
+                    break
+            if new_blocks is None:
+                break
+            scheduled_running.append(req)
+            new_blocks_of[req.request_id] = new_blocks
+            num_scheduled[req.request_id] = n
+            budget -= n
+            i += 1
+
+        scheduled_new: list[Request] = []
+        scheduled_resumed: list[Request] = []
+        prefix_hit_tokens = 0
+        if not preempted:
+            waiting = self.waiting
+            while waiting and budget > 0 and len(running) < self.max_num_running_reqs:
+                req = waiting.peek_request()
+                hit_blocks, num_hit = kv.get_computed_blocks(req)
+                n = req.num_tokens - num_hit
+                if 0 < threshold < n:
+                    n = threshold
+                if not self.enable_chunked_prefill and n > budget:
+                    break
+                n = min(n, budget)
+                new_blocks = kv.allocate_slots(req, n, num_hit, hit_blocks)
+                if new_blocks is None:
+                    break
+                waiting.pop_request()
+                running.append(req)
+                kv.record_prefix_hit(req, num_hit)
+                (scheduled_resumed if req.status == RequestStatus.PREEMPTED else scheduled_new).append(req)
+                req.status = RequestStatus.RUNNING
+                req.num_computed_tokens = num_hit
+                if req.num_cached_tokens < 0:
+                    req.num_cached_tokens = num_hit
+                if req.first_scheduled_time is None:
+                    req.first_scheduled_time = now
+                num_scheduled[req.request_id] = n
+                budget -= n
+                prefix_hit_tokens += num_hit
+
+        out = self._make_output(scheduled_new, scheduled_resumed, scheduled_running, new_blocks_of,
+                                num_scheduled, preempted, preempted_block_ids, prefix_hit_tokens)
+        self._num_preempted_last_step = len(preempted)
+        requests = self.requests
+        for req_id, n in num_scheduled.items():
+            requests[req_id].num_computed_tokens += n
+        return out
+
+    def _make_output(self, scheduled_new: list[Request], scheduled_resumed: list[Request],
+                     scheduled_running: list[Request], new_blocks_of: dict[str, list[KVCacheBlock]],
+                     num_scheduled: dict[str, int], preempted: list[Request],
+                     preempted_block_ids: dict[str, list[int]], prefix_hit_tokens: int) -> SchedulerOutput:
+        """Package the step before num_computed_tokens advances, so request data shows the old counts."""
+        kv = self.kv_cache_manager
+        new_reqs = [NewRequestData(r.request_id, r.prompt_token_ids, r.sampling_params,
+                                   kv.get_block_ids(r.request_id), r.num_computed_tokens)
+                    for r in scheduled_new]
+        cached = CachedRequestData()
+        decode_ids: set[str] = set()
+        num_decode_tokens = 0
+        for req in scheduled_running:
+            rid = req.request_id
+            cached.req_ids.append(rid)
+            cached.resumed_from_preemption.append(False)
+            cached.resumed_token_ids.append(None)
+            cached.new_block_ids.append([b.block_id for b in new_blocks_of[rid]])
+            cached.num_computed_tokens.append(req.num_computed_tokens)
+            if req.num_computed_tokens == req.num_tokens - 1 and req.output_token_ids:
+                decode_ids.add(rid)
+                num_decode_tokens += num_scheduled[rid]
+        for req in scheduled_resumed:
+            cached.req_ids.append(req.request_id)
+            cached.resumed_from_preemption.append(True)
+            cached.resumed_token_ids.append(list(req.all_token_ids))
+            cached.new_block_ids.append(kv.get_block_ids(req.request_id))
+            cached.num_computed_tokens.append(req.num_computed_tokens)
+        total = sum(num_scheduled.values())
+        finished, self.finished_req_ids = self.finished_req_ids, set()
+        common = 0
+        if self.running:
+            common = kv.get_num_common_prefix_blocks(self.running[0].request_id, len(self.running))
+        return SchedulerOutput(
+            scheduled_new_reqs=new_reqs, scheduled_cached_reqs=cached, num_scheduled_tokens=num_scheduled,
+            total_num_scheduled_tokens=total, finished_req_ids=finished,
+            preempted_req_ids=[r.request_id for r in preempted], preempted_block_ids=preempted_block_ids,
+            num_prefill_tokens=total - num_decode_tokens, num_decode_tokens=num_decode_tokens,
+            prefix_hit_tokens=prefix_hit_tokens, decode_req_ids=decode_ids, num_common_prefix_blocks=common)
+
+    def _pick_victim(self) -> Request:
+        if self.priority_policy:
+            return max(self.running, key=lambda r: (r.priority, r.arrival_time))
+        return self.running[-1]
+
+    def _preempt(self, request: Request) -> list[int]:
+        """Recompute-style preemption: drop the KV, go back to the waiting queue's front."""
+        freed = self.kv_cache_manager.free(request)
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        self.waiting.prepend_request(request)
+        return freed
+
+    # ---- after the model ran --------------------------------------------------------------------
+    def update_from_output(self, scheduler_output: SchedulerOutput,
+                           model_runner_output: ModelRunnerOutput) -> EngineCoreOutputs:
+        """Append sampled tokens, apply the stop rules, free finished requests, report per request."""
+        now = self.clock()
+        outputs: list[EngineCoreOutput] = []
+        logprobs = model_runner_output.logprobs
+        stopped: set[Request] = set()
+        requests = self.requests
+        for req_id, new_ids in zip(model_runner_output.req_ids, model_runner_output.sampled_token_ids):
+            if not new_ids:
+                continue
+            req = requests.get(req_id)
+            if req is None or req.status != RequestStatus.RUNNING:
+                continue
+            if req.first_token_time is None:
+                req.first_token_time = now
+            done = False
+            for k, tok in enumerate(new_ids):
+                req.append_output_token_ids(tok)
+                if self._check_stop(req):
+                    new_ids = new_ids[:k + 1]
+                    done = True
+                    break
+            out = EngineCoreOutput(req_id, new_ids, num_cached_tokens=max(req.num_cached_tokens, 0),
+                                   new_logprobs=logprobs.get(req_id) if logprobs else None)
+            if done:
+                stopped.add(req)
+                out.finish_reason = req.get_finish_reason()
+                out.stop_reason = req.stop_reason
+                out.freed_block_ids = self._finish(req, now)
+            outputs.append(out)
+        if stopped:
+            self.running = [r for r in self.running if r not in stopped]
+        for req in self._rejected:
+            outputs.append(EngineCoreOutput(req.request_id, [], finish_reason="error", stop_reason=req.error))
+        self._rejected.clear()
+        return EngineCoreOutputs(outputs, self.make_stats())
+
+    def _check_stop(self, req: Request) -> bool:
+        if req.num_tokens >= self.max_model_len or req.num_output_tokens >= req.max_tokens:
+            req.status = RequestStatus.FINISHED_LENGTH_CAPPED
+            return True
+        params = req.sampling_params
+        if req.num_output_tokens < params.min_tokens:
+            return False
+        last = req.output_token_ids[-1]
+        if not params.ignore_eos and last == req.eos_token_id:
+            req.status = RequestStatus.FINISHED_STOPPED
+            return True
+        if last in params.stop_token_ids:
+            req.status = RequestStatus.FINISHED_STOPPED
+            req.stop_reason = last
+            return True
+        return False
+
+    def _finish(self, req: Request, now: float) -> list[int]:
+        req.finished_time = now
+        del self.requests[req.request_id]
+        self.finished_req_ids.add(req.request_id)
+        return self.kv_cache_manager.free(req)
+
+    def finish_requests(self, request_ids: Iterable[str], status: RequestStatus,
+                        stop_reason: int | str | None = None) -> dict[str, list[int]]:
+        """End requests from outside (abort, stop string found by the output processor); returns the
+        block ids each one gave back."""
+        now = self.clock()
+        ended = [r for rid in request_ids if (r := self.requests.get(rid)) is not None]
+        if not ended:
+            return {}
+        ended_set = set(ended)
+        self.running = [r for r in self.running if r not in ended_set]
+        self.waiting.remove_requests(ended_set)
+        freed = {}
+        for req in ended:
+            req.status = status
+            if stop_reason is not None:
+                req.stop_reason = stop_reason
+            freed[req.request_id] = self._finish(req, now)
+        return freed
+
+    # ---- introspection -------------------------------------------------------------------------
+    def get_num_unfinished_requests(self) -> int:
+        return len(self.waiting) + len(self.running)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.waiting) or bool(self.running)
+
+    def has_pending_outputs(self) -> bool:
+        """Rejections not yet reported count as work left for the step loop."""
+        return bool(self._rejected)
+
+    def reset_prefix_cache(self) -> bool:
+        return self.kv_cache_manager.reset_prefix_cache()
+
+    def make_stats(self) -> SchedulerStats:
+        kv = self.kv_cache_manager
+        return SchedulerStats(len(self.running), len(self.waiting), kv.usage, self._num_preempted_last_step,
+                              kv.make_prefix_cache_stats())

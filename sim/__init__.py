@@ -1,0 +1,1 @@
+"""stepscope sim (torch-free)."""

@@ -1,0 +1,232 @@
+"""Block pool and prefix caching, re-created from what vLLM v1's prefix-caching tests check."""
+import subprocess
+import sys
+
+from core_helpers import make_requests, make_scheduler, step
+
+from engine.core import BlockPool, KVCacheManager, Request, RequestStatus, SamplingParams
+from engine.core.hashing import hash_request_tokens
+
+
+def _manager(num_blocks=11, block_size=4, **kw):
+    return KVCacheManager(num_blocks, block_size, max_model_len=1024, **kw)
+
+
+def _req(rid, tokens, block_size=4, salt=None):
+    return Request(rid, tokens, SamplingParams(max_tokens=8), eos_token_id=2, cache_salt=salt,
+                   block_size=block_size)
+
+
+def _admit(kv, req, num_tokens=None):
+    hits, num_hit = kv.get_computed_blocks(req)
+    blocks = kv.allocate_slots(req, (num_tokens or req.num_tokens) - num_hit, num_hit, hits)
+    assert blocks is not None
+    req.num_computed_tokens = num_hit + (num_tokens or req.num_tokens) - num_hit
+    return hits, num_hit
+
+
+def test_shared_prefix_hits_full_blocks_and_shares_ref_counts():
+    kv = _manager()
+    common = list(range(100, 112))  # 3 full blocks
+    a = _req("a", common + [1, 2])
+    _admit(kv, a)
+    b = _req("b", common + [3])
+    hits, num_hit = _admit(kv, b)
+    assert num_hit == 12 and [blk.block_id for blk in hits] == kv.get_block_ids("a")[:3]
+    assert all(blk.ref_cnt == 2 for blk in hits)
+    assert kv.get_block_ids("b")[:3] == kv.get_block_ids("a")[:3]
+
+
+def test_hit_is_capped_so_the_last_prompt_token_is_computed():
+    kv = _manager()
+    tokens = list(range(100, 112))
+    _admit(kv, _req("a", tokens))
+    _, num_hit = kv.get_computed_blocks(_req("b", tokens))
+    assert num_hit == 8  # not 12: the last block holds the last token, which must be recomputed
+
+
+def test_freed_blocks_stay_cached_until_reused():
+    kv = _manager()
+    tokens = list(range(100, 108))
+    a = _req("a", tokens + [1])
+    _admit(kv, a)
+    kv.free(a)
+    assert kv.block_pool.get_num_free_blocks() == 10
+    _, num_hit = _admit(kv, _req("b", tokens + [5]))
+    assert num_hit == 8
+
+
+def test_cache_hit_on_a_free_block_takes_it_out_of_the_free_queue():
+    kv = _manager()
+    a = _req("a", list(range(100, 109)))
+    _admit(kv, a)
+    kv.free(a)
+    b = _req("b", list(range(100, 108)) + [9])
+    hits, _ = _admit(kv, b)
+    free_ids = {blk.block_id for blk in kv.block_pool.free_block_queue.get_all_free_blocks()}
+    assert not free_ids & {blk.block_id for blk in hits}
+    assert all(blk.ref_cnt == 1 for blk in hits)
+
+
+def test_free_queue_eviction_order():
+    """Uncached blocks are reused first; cached ones go to the tail, a request's tail before its head."""
+    pool = BlockPool(num_blocks=11)
+    kv = _manager()
+    kv.block_pool = pool
+    a = _req("a", list(range(100, 110)))  # blocks: full, full, partial (2 tokens)
+    _admit(kv, a)
+    ids = kv.get_block_ids("a")
+    kv.free(a)
+    order = [blk.block_id for blk in pool.free_block_queue.get_all_free_blocks()]
+    untouched = [i for i in range(1, 11) if i not in ids]
+    assert order == [ids[2]] + untouched + [ids[1], ids[0]]
+
+
+def test_reused_block_loses_its_stale_hash():
+    kv = _manager(num_blocks=4)  # 3 usable blocks
+    a = _req("a", list(range(100, 109)))
+    _admit(kv, a)
+    kv.free(a)
+    assert len(kv.block_pool.cached_block_hash_to_block) == 2
+    b = _req("b", list(range(500, 512)))
+    _admit(kv, b)
+    assert kv.block_pool.cached_block_hash_to_block.keys().isdisjoint(a.block_hashes)
+    assert kv.get_computed_blocks(_req("c", list(range(100, 109))))[1] == 0
+
+
+def test_failed_allocation_leaves_everything_untouched():
+    kv = _manager(num_blocks=5)  # 4 usable
+    a = _req("a", list(range(100, 109)))
+    _admit(kv, a)  # 3 blocks held
+    kv.free(a)
+    b = _req("b", list(range(100, 108)) + list(range(600, 620)))  # hits 2 cached blocks, needs 7 total
+    hits, num_hit = kv.get_computed_blocks(b)
+    before = ([blk.ref_cnt for blk in kv.block_pool.blocks],
+              [blk.block_id for blk in kv.block_pool.free_block_queue.get_all_free_blocks()],
+              dict(kv.block_pool.cached_block_hash_to_block))
+    assert kv.allocate_slots(b, b.num_tokens - num_hit, num_hit, hits) is None
+    after = ([blk.ref_cnt for blk in kv.block_pool.blocks],
+             [blk.block_id for blk in kv.block_pool.free_block_queue.get_all_free_blocks()],
+             dict(kv.block_pool.cached_block_hash_to_block))
+    assert before == after and "b" not in kv.req_to_blocks
+
+
+def test_failed_allocation_keeps_a_running_requests_computed_blocks():
+    kv = _manager(num_blocks=4)
+    a = _req("a", list(range(100, 108)))
+    _admit(kv, a)
+    held = kv.get_block_ids("a")
+    b = _req("b", list(range(200, 204)))
+    _admit(kv, b)  # pool now full
+    assert kv.allocate_slots(a, 4) is None
+    assert kv.get_block_ids("a") == held and all(kv.block_pool.blocks[i].ref_cnt == 1 for i in held)
+
+
+def test_cache_salt_separates_equal_prefixes():
+    kv = _manager()
+    tokens = list(range(100, 109))
+    _admit(kv, _req("a", tokens, salt="tenant-1"))
+    assert kv.get_computed_blocks(_req("b", tokens, salt="tenant-2"))[1] == 0
+    assert kv.get_computed_blocks(_req("c", tokens, salt="tenant-1"))[1] == 8
+    assert kv.get_computed_blocks(_req("d", tokens))[1] == 0
+
+
+def test_block_hashes_are_chained_and_equal_across_processes():
+    tokens = list(range(100, 116))
+    here = [h.hex() for h in hash_request_tokens(tokens, 4)]
+    code = ("from engine.core.hashing import hash_request_tokens;"
+            f"print(','.join(h.hex() for h in hash_request_tokens({tokens}, 4)))")
+    there = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert there.stdout.strip().split(",") == here
+    # Same block content after a different prefix hashes differently.
+    other = hash_request_tokens([1, 2, 3, 4] + tokens[4:8], 4)
+    assert other[1] != hash_request_tokens(tokens, 4)[1]
+
+
+def test_prefix_cache_stats_count_each_request_once():
+    sched = make_scheduler(block_size=4, max_num_seqs=1)
+    common = list(range(100, 108))
+    reqs = make_requests(3, num_tokens=10, prefix=common)
+    for r in reqs:
+        sched.add_request(r)
+    queries = hits = requests = 0
+    while sched.has_unfinished_requests():
+        _, outs = step(sched)
+        s = outs.scheduler_stats.prefix_cache_stats
+        queries, hits, requests = queries + s.queries, hits + s.hits, requests + s.requests
+    assert requests == 3 and queries == 30 and hits == 16  # the 2nd and 3rd hit 8 tokens each
+
+
+def test_preempted_readmission_is_counted_separately():
+    sched = make_scheduler(num_blocks=6, block_size=16, max_model_len=80)
+    a, b = make_requests(2, num_tokens=16, max_tokens=40, ignore_eos=True)
+    sched.add_request(a)
+    sched.add_request(b)
+    preempted_requests = 0
+    requests = 0
+    while sched.has_unfinished_requests():
+        _, outs = step(sched)
+        preempted_requests += outs.scheduler_stats.prefix_cache_stats.preempted_requests
+        requests += outs.scheduler_stats.prefix_cache_stats.requests
+    assert requests == 2 and preempted_requests == b.num_preemptions >= 1
+
+
+def test_reset_prefix_cache_is_refused_while_requests_hold_blocks():
+    sched = make_scheduler(block_size=4)
+    req, = make_requests(1, num_tokens=9)
+    sched.add_request(req)
+    step(sched)
+    assert not sched.reset_prefix_cache()
+    assert sched.kv_cache_manager.block_pool.cached_block_hash_to_block
+    sched.finish_requests([req.request_id], RequestStatus.FINISHED_ABORTED)
+    assert sched.reset_prefix_cache()
+    assert not sched.kv_cache_manager.block_pool.cached_block_hash_to_block
+    assert all(b.block_hash is None for b in sched.kv_cache_manager.block_pool.blocks)
+
+
+def test_decode_publishes_a_block_once_it_fills():
+    sched = make_scheduler(block_size=4)
+    req, = make_requests(1, num_tokens=6, max_tokens=10)
+    sched.add_request(req)
+    pool = sched.kv_cache_manager.block_pool
+    step(sched)
+    assert len(pool.cached_block_hash_to_block) == 1
+    step(sched)  # computes token 6 (the first output), appends the 8th token
+    step(sched)  # computes token 7: block 2 is full and published
+    assert len(pool.cached_block_hash_to_block) == 2
+
+
+def test_second_request_in_the_same_step_hits_the_first_ones_blocks():
+    sched = make_scheduler(block_size=4)
+    a, b = make_requests(2, num_tokens=12, same_prompt=True)
+    sched.add_request(a)
+    sched.add_request(b)
+    out = sched.schedule()
+    assert out.num_scheduled_tokens == {a.request_id: 12, b.request_id: 4}
+    assert out.prefix_hit_tokens == 8 and b.num_cached_tokens == 8
+
+
+def test_blocks_published_by_a_request_preempted_in_the_same_step_are_uncached():
+    """A block is published when a step's tokens fill it; if its owner is preempted in that very step,
+    the KV is never written, so the hash must not stay in the cache."""
+    sched = make_scheduler(policy="priority", num_blocks=5, block_size=4, max_model_len=24,
+                           long_prefill_token_threshold=3)
+    low, = make_requests(1, num_tokens=9, max_tokens=6, ignore_eos=True, priorities=[9])
+    high, = make_requests(1, num_tokens=5, max_tokens=6, ignore_eos=True, priorities=[0], start=1)
+    sched.add_request(low)
+    step(sched)                      # low: 0-2
+    sched.add_request(high)
+    step(sched)                      # low: 3-5; high: 0-2
+    out = sched.schedule()           # low: 6-8 fills its block 1 and takes a third; high then needs one
+    assert out.preempted_req_ids == [low.request_id]
+    cached = sched.kv_cache_manager.block_pool.cached_block_hash_to_block
+    assert low.block_hashes[0] in cached and low.block_hashes[1] not in cached
+
+
+def test_free_drops_hashes_of_blocks_whose_tokens_were_never_computed():
+    kv = _manager()
+    req = _req("a", list(range(100, 109)))
+    kv.allocate_slots(req, 9)        # publishes blocks 0 and 1 at allocation time
+    assert len(kv.block_pool.cached_block_hash_to_block) == 2
+    kv.free(req)                     # freed before the step ran: num_computed_tokens is still 0
+    assert not kv.block_pool.cached_block_hash_to_block

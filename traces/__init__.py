@@ -1,0 +1,1 @@
+"""stepscope traces (torch-free)."""
