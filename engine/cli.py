@@ -1,21 +1,68 @@
-"""`engine` command line: `engine run` and `engine generate`."""
+"""`engine` command line: `engine generate` for prompts, `engine run` for workloads.
+
+Bad input ends with one line naming what is wrong and exit status 2, never a traceback.
+"""
 from __future__ import annotations
 
 import argparse
+import logging
+import sys
+
+from engine.config import EngineArgs
+
+
+def _add_sampling_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("sampling")
+    g.add_argument("--max-tokens", type=int, default=32)
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--top-k", type=int, default=0)
+    g.add_argument("--min-p", type=float, default=0.0)
+    g.add_argument("--sampling-seed", type=int, default=None, help="per-request sampling seed")
+    g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    g.add_argument("--ignore-eos", action="store_true")
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="engine", description="stepscope's live engine (vLLM v1 style).")
     sub = p.add_subparsers(dest="command")
-    sub.add_parser("run", help="run a workload and write a trace (not built yet)")
-    sub.add_parser("generate", help="generate text for prompts (not built yet)")
+    gen = sub.add_parser("generate", help="generate text for one or more prompts")
+    gen.add_argument("prompts", nargs="+", help="prompt text")
+    _add_sampling_args(gen)
+    EngineArgs.add_cli_args(gen.add_argument_group("engine"))
+    sub.add_parser("run", help="run a workload and write a trace (lands with the traces issue)")
     return p
 
 
+def _generate(args: argparse.Namespace) -> int:
+    from engine import LLM, SamplingParams
+
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
+                            top_k=args.top_k, min_p=args.min_p, seed=args.sampling_seed, stop=args.stop,
+                            ignore_eos=args.ignore_eos)
+    engine_args = EngineArgs.from_cli_args(args)
+    llm = LLM(**{k: v for k, v in vars(engine_args).items()})
+    for out in llm.generate(list(args.prompts), params, use_tqdm=False):
+        comp = out.outputs[0]
+        if out.error:
+            print(f"[{out.request_id}] error: {out.error}", file=sys.stderr)
+            continue
+        print(f"[{out.request_id}] {out.prompt!r} -> {comp.text!r} ({len(comp.token_ids)} tokens, {comp.finish_reason})")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     if args.command is None:
-        build_parser().print_help()
+        parser.print_help()
         return 0
-    print(f"engine {args.command}: not available yet in this version of stepscope")
-    return 2
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    try:
+        if args.command == "generate":
+            return _generate(args)
+        print("engine run: not available yet in this version of stepscope", file=sys.stderr)
+        return 2
+    except (ValueError, FileNotFoundError) as e:
+        print(f"engine {args.command}: error: {e}", file=sys.stderr)
+        return 2

@@ -177,7 +177,7 @@ class Scheduler:
         """Package the step before num_computed_tokens advances, so request data shows the old counts."""
         kv = self.kv_cache_manager
         new_reqs = [NewRequestData(r.request_id, r.prompt_token_ids, r.sampling_params,
-                                   kv.get_block_ids(r.request_id), r.num_computed_tokens)
+                                   kv.get_block_ids(r.request_id), r.num_computed_tokens, r.eos_token_id)
                     for r in scheduled_new]
         cached = CachedRequestData()
         decode_ids: set[str] = set()

@@ -1,0 +1,146 @@
+"""EngineCore: the backend loop. Start-up loads the model and sizes the KV cache ("Prepare model");
+each `step` is schedule -> execute -> sample -> update, on the shared engine.core scheduler."""
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from engine.config import DEFAULT_CPU_KV_CACHE_MEMORY, EngineConfig
+from engine.core.outputs import EngineCoreOutputs
+from engine.core.request import Request, RequestStatus
+from engine.core.sampling_params import SamplingParams
+from engine.core.scheduler import Scheduler
+from engine.executor import UniProcExecutor
+
+logger = logging.getLogger("stepscope")
+
+
+@dataclass(slots=True)
+class EngineCoreRequest:
+    """What the frontend sends: token ids and validated params, never text."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    eos_token_id: int | None
+    arrival_time: float
+    priority: int = 0
+    cache_salt: str | None = None
+
+
+@dataclass(slots=True)
+class KVCacheReport:
+    num_blocks: int
+    block_size: int
+    bytes_per_block: int
+    max_concurrency: float
+    how: str
+
+    @property
+    def num_tokens(self) -> int:
+        return (self.num_blocks - 1) * self.block_size
+
+
+class EngineCore:
+    def __init__(self, config: EngineConfig, clock: Callable[[], float] = time.monotonic) -> None:
+        self.config = config
+        self.clock = clock
+        self.startup_times: dict[str, float] = {}
+        t0 = time.perf_counter()
+        self.executor = UniProcExecutor(config)
+        self.startup_times["load_model"] = time.perf_counter() - t0
+        self.kv_report = self._initialize_kv_caches()
+        config.cache_config.num_gpu_blocks = self.kv_report.num_blocks
+        self.scheduler = Scheduler(config.scheduler_config, config.cache_config, clock)
+        self.num_steps = 0
+        self.num_preemptions = 0
+
+    def _initialize_kv_caches(self) -> KVCacheReport:
+        from engine.model_executor.loader import kv_bytes_per_block
+        from engine.worker.model_runner import _DTYPES
+
+        cc, mc = self.config.cache_config, self.config.model_config
+        t0 = time.perf_counter()
+        spec = self.executor.collective_rpc("get_kv_cache_spec")[0]
+        per_block = kv_bytes_per_block(spec, cc.block_size, _DTYPES[mc.dtype])
+        if cc.num_gpu_blocks_override is not None:
+            num_blocks, how = cc.num_gpu_blocks_override, "--num-gpu-blocks-override"
+        elif self.config.device_config.device.startswith("cuda") and cc.kv_cache_memory is None:
+            mem = self.executor.collective_rpc("determine_available_memory")[0]
+            num_blocks = max(mem["available"], 0) // per_block
+            how = (f"({mem['free_at_start'] / 2**30:.2f} GiB free x {mem['utilization']} - "
+                   f"{mem['peak'] / 2**30:.2f} GiB peak) / {per_block / 2**10:.0f} KiB per block")
+        else:
+            budget = cc.kv_cache_memory or DEFAULT_CPU_KV_CACHE_MEMORY
+            num_blocks, how = budget // per_block, f"{budget / 2**30:.2f} GiB / {per_block / 2**10:.0f} KiB per block"
+        self.startup_times["profile_kv"] = time.perf_counter() - t0
+        max_len = self.config.scheduler_config.max_model_len
+        need = -(-max_len // cc.block_size) + 1
+        if num_blocks < need:
+            raise ValueError(
+                f"KV cache: {num_blocks} blocks ({max(num_blocks - 1, 0) * cc.block_size} tokens) cannot hold one "
+                f"max_model_len={max_len} sequence; raise --kv-cache-memory, --gpu-memory-utilization or "
+                f"--num-gpu-blocks-override, or lower --max-model-len")
+        t0 = time.perf_counter()
+        self.executor.collective_rpc("initialize_cache", num_blocks)
+        self.startup_times["allocate_kv"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        self.executor.collective_rpc("compile_or_warm_up_model")
+        self.startup_times["warm_up"] = time.perf_counter() - t0
+        report = KVCacheReport(num_blocks, cc.block_size, per_block, (num_blocks - 1) * cc.block_size / max_len, how)
+        logger.info("KV cache: %d blocks of %d tokens (%d tokens, %.2f GiB) = %s; max concurrency at "
+                    "max_model_len %d: %.2fx", num_blocks, cc.block_size, report.num_tokens,
+                    num_blocks * per_block / 2**30, how, max_len, report.max_concurrency)
+        return report
+
+    def add_request(self, request: EngineCoreRequest) -> None:
+        self.scheduler.add_request(Request(
+            request.request_id, request.prompt_token_ids, request.sampling_params,
+            eos_token_id=request.eos_token_id, arrival_time=request.arrival_time, priority=request.priority,
+            cache_salt=request.cache_salt))
+
+    def abort_requests(self, request_ids: list[str], status: RequestStatus = RequestStatus.FINISHED_ABORTED,
+                       stop_reason: int | str | None = None) -> None:
+        self.scheduler.finish_requests(request_ids, status, stop_reason)
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_unfinished_requests() or self.scheduler.has_pending_outputs()
+
+    def step(self) -> EngineCoreOutputs:
+        """One engine step; returns the tokens and finishes it produced."""
+        if not self.has_work():
+            return EngineCoreOutputs()
+        scheduler_output = self.scheduler.schedule()
+        self.num_steps += 1
+        self.num_preemptions += len(scheduler_output.preempted_req_ids)
+        self.executor.execute_model(scheduler_output)
+        runner_output = self.executor.sample_tokens()
+        return self.scheduler.update_from_output(scheduler_output, runner_output)
+
+    def reset_prefix_cache(self) -> bool:
+        return self.scheduler.reset_prefix_cache()
+
+
+class InprocClient:
+    """EngineCoreClient for one process: direct calls, so LLMEngine never touches EngineCore itself."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.engine_core = EngineCore(config)
+
+    def add_request(self, request: EngineCoreRequest) -> None:
+        self.engine_core.add_request(request)
+
+    def get_output(self) -> EngineCoreOutputs:
+        return self.engine_core.step()
+
+    def abort_requests(self, request_ids: list[str], status: RequestStatus = RequestStatus.FINISHED_ABORTED,
+                       stop_reason: int | str | None = None) -> None:
+        self.engine_core.abort_requests(request_ids, status, stop_reason)
+
+    def has_work(self) -> bool:
+        return self.engine_core.has_work()
+
+    def reset_prefix_cache(self) -> bool:
+        return self.engine_core.reset_prefix_cache()

@@ -1,0 +1,47 @@
+"""Frontend input processing: tokenize, validate against the model, fill defaults (vLLM's InputProcessor)."""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from engine.config import EngineConfig
+from engine.core.sampling_params import SamplingParams
+from engine.engine_core import EngineCoreRequest
+
+
+class InputProcessor:
+    def __init__(self, config: EngineConfig, tokenizer: Any | None) -> None:
+        self.tokenizer = tokenizer
+        self.max_model_len = config.model_config.max_model_len
+        self.vocab_size = config.model_config.hf_config.vocab_size
+        self.eos_token_id = config.model_config.eos_token_id
+
+    def process_inputs(self, request_id: str, prompt: str | dict, params: SamplingParams | None,
+                       arrival_time: float | None = None, priority: int = 0) -> tuple[EngineCoreRequest, str | None]:
+        """Raise ValueError with the reason for a request that cannot be served; return it otherwise."""
+        if params is None:
+            params = SamplingParams()
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"sampling_params: expected SamplingParams, got {type(params).__name__}")
+        text, ids = self._tokens(prompt)
+        if not ids:
+            raise ValueError("prompt: is empty")
+        bad = [t for t in ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"prompt_token_ids: {bad[0]} is outside the vocabulary [0, {self.vocab_size})")
+        if len(ids) > self.max_model_len:
+            raise ValueError(f"prompt: {len(ids)} tokens is longer than max_model_len={self.max_model_len}")
+        return EngineCoreRequest(request_id, ids, params, self.eos_token_id,
+                                 time.monotonic() if arrival_time is None else arrival_time, priority), text
+
+    def _tokens(self, prompt: str | dict) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("prompt: text needs a tokenizer; this model has none, pass prompt_token_ids")
+            return prompt, self.tokenizer.encode(prompt, add_special_tokens=False)
+        if isinstance(prompt, dict) and "prompt_token_ids" in prompt:
+            ids = prompt["prompt_token_ids"]
+            if not isinstance(ids, (list, tuple)) or any(not isinstance(t, int) for t in ids):
+                raise ValueError("prompt_token_ids: must be a list of ints")
+            return prompt.get("prompt"), list(ids)
+        raise ValueError(f"prompt: expected a string or {{'prompt_token_ids': [...]}}, got {type(prompt).__name__}")

@@ -1,0 +1,65 @@
+"""LLMEngine: the frontend. Text in through the InputProcessor, token ids to the core through the
+EngineCoreClient, tokens back through the OutputProcessor as RequestOutputs."""
+from __future__ import annotations
+
+import time
+
+from engine.config import EngineArgs, EngineConfig
+from engine.core.request import RequestStatus
+from engine.core.sampling_params import SamplingParams
+from engine.engine_core import InprocClient
+from engine.input_processor import InputProcessor
+from engine.output_processor import OutputProcessor
+from engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig) -> None:
+        from engine.tokenizer import get_tokenizer
+
+        self.config = config
+        tok_dir = config.model_config.tokenizer_dir
+        self.tokenizer = get_tokenizer(tok_dir) if tok_dir is not None else None
+        self.input_processor = InputProcessor(config, self.tokenizer)
+        self.output_processor = OutputProcessor(self.tokenizer)
+        self.engine_core = InprocClient(config)
+        self._rejected: list[RequestOutput] = []
+
+    @classmethod
+    def from_engine_args(cls, args: EngineArgs) -> LLMEngine:
+        return cls(args.create_engine_config())
+
+    def add_request(self, request_id: str, prompt: str | dict, params: SamplingParams | None = None,
+                    arrival_time: float | None = None, priority: int = 0) -> bool:
+        """Queue a request; an invalid one becomes a finished error output (returned by the next
+        `step`) so it fails alone."""
+        try:
+            request, text = self.input_processor.process_inputs(request_id, prompt, params, arrival_time, priority)
+        except ValueError as e:
+            ids = prompt.get("prompt_token_ids", []) if isinstance(prompt, dict) else []
+            self._rejected.append(RequestOutput(
+                request_id, prompt if isinstance(prompt, str) else None, list(ids) if isinstance(ids, list) else [],
+                [CompletionOutput(0, "", [], finish_reason="error", stop_reason=str(e))], True,
+                RequestMetrics(time.monotonic()), error=str(e)))
+            return False
+        self.output_processor.add_request(request_id, text, request.prompt_token_ids, request.sampling_params,
+                                          request.arrival_time)
+        self.engine_core.add_request(request)
+        return True
+
+    def step(self) -> list[RequestOutput]:
+        """One engine step; returns the requests that finished in it."""
+        finished, self._rejected = self._rejected, []
+        core_outputs = self.engine_core.get_output()
+        done, to_stop = self.output_processor.process_outputs(core_outputs)
+        for request_id, stop_string in to_stop:
+            self.engine_core.abort_requests([request_id], RequestStatus.FINISHED_STOPPED, stop_string)
+        return finished + done
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self._rejected) or self.output_processor.has_unfinished_requests()
+
+    def abort_request(self, request_ids: list[str]) -> None:
+        self.engine_core.abort_requests(request_ids)
+        for rid in request_ids:
+            self.output_processor.states.pop(rid, None)

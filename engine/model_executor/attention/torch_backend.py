@@ -1,0 +1,143 @@
+"""Reference paged attention in plain PyTorch.
+
+It is the backend every other one is checked against, so it favours clarity and exactness
+(float32 softmax and accumulation) over speed; it still runs unchanged on CUDA.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from engine.model_executor.forward_context import AttentionMetadata
+
+
+def reshape_and_cache(
+    key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
+    """Scatter this step's K/V [T, kvh, d] into their cache slots; slot -1 marks padding and is skipped."""
+    _, num_blocks, block_size, num_kv_heads, head_size = kv_cache.shape
+    flat = kv_cache.view(2, num_blocks * block_size, num_kv_heads, head_size)
+    num_tokens = slot_mapping.shape[0]
+    valid = slot_mapping >= 0
+    slots = slot_mapping[valid]  # boolean indexing syncs on CUDA; fused kernels avoid this later
+    flat[0].index_copy_(0, slots, key[:num_tokens][valid].to(kv_cache.dtype))
+    flat[1].index_copy_(0, slots, value[:num_tokens][valid].to(kv_cache.dtype))
+
+
+def _expand_kv(x: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """[L, kvh, d] -> [nh, L, d], repeating each kv head for the query heads of its group (GQA)."""
+    length, num_kv_heads, head_size = x.shape
+    group = num_heads // num_kv_heads
+    x = x.transpose(0, 1)
+    if group == 1:
+        return x
+    return x[:, None].expand(num_kv_heads, group, length, head_size).reshape(num_heads, length, head_size)
+
+
+def causal_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, context_len: int = 0
+) -> torch.Tensor:
+    """One sequence: q [Lq, nh, d] at positions context_len.., over k/v [context_len + Lq, kvh, d]."""
+    num_q, num_heads, _ = q.shape
+    num_k = k.shape[0]
+    assert num_k == context_len + num_q, (num_k, context_len, num_q)
+    qf = q.transpose(0, 1).float()
+    kf = _expand_kv(k.float(), num_heads)
+    vf = _expand_kv(v.float(), num_heads)
+    if context_len == 0:
+        out = F.scaled_dot_product_attention(qf, kf, vf, is_causal=True, scale=scale)
+    else:
+        q_pos = torch.arange(context_len, num_k, device=q.device)
+        mask = torch.arange(num_k, device=q.device)[None, :] <= q_pos[:, None]
+        out = F.scaled_dot_product_attention(qf, kf, vf, attn_mask=mask, scale=scale)
+    return out.transpose(0, 1).to(q.dtype)
+
+
+def paged_decode(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    max_seq_len: int,
+    scale: float,
+) -> torch.Tensor:
+    """All single-token queries at once: gather their blocks, mask past seq_len, attend per kv group."""
+    num_seqs, num_heads, head_size = q.shape
+    block_size, num_kv_heads = kv_cache.shape[2], kv_cache.shape[3]
+    num_blocks = -(-max_seq_len // block_size)
+    length = num_blocks * block_size
+    idx = block_tables[:, :num_blocks].long()
+    k = kv_cache[0][idx].reshape(num_seqs, length, num_kv_heads, head_size).float()
+    v = kv_cache[1][idx].reshape(num_seqs, length, num_kv_heads, head_size).float()
+    qf = q.float().view(num_seqs, num_kv_heads, num_heads // num_kv_heads, head_size)
+    scores = torch.einsum("nhgd,nlhd->nhgl", qf, k) * scale
+    beyond = torch.arange(length, device=q.device)[None, :] >= seq_lens[:, None]
+    scores.masked_fill_(beyond[:, None, None, :], float("-inf"))
+    out = torch.einsum("nhgl,nlhd->nhgd", scores.softmax(dim=-1), v)
+    return out.reshape(num_seqs, num_heads, head_size).to(q.dtype)
+
+
+def _gather_context(
+    kv_cache: torch.Tensor, block_table: torch.Tensor, seq_len: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """K and V [seq_len, kvh, d] of one sequence, read through its block table."""
+    block_size = kv_cache.shape[2]
+    idx = block_table[: -(-seq_len // block_size)].long()
+    k = kv_cache[0][idx].flatten(0, 1)[:seq_len]
+    v = kv_cache[1][idx].flatten(0, 1)[:seq_len]
+    return k, v
+
+
+def forward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    kv_cache: torch.Tensor | None,
+    meta: AttentionMetadata | None,
+    scale: float,
+) -> torch.Tensor:
+    """q [T, nh, d], k/v [T, kvh, d] -> [T, nh, d]; rows past meta.num_actual_tokens come back zero.
+
+    Without metadata the whole input is one causal sequence; without a cache each sequence in
+    query_start_loc attends only to itself. Otherwise K/V are cached first and every query reads
+    its full context through the block tables.
+    """
+    if meta is None:
+        return causal_attention(q, k, v, scale)
+    out = torch.zeros_like(q)
+    qsl = meta.query_start_loc_cpu
+    if kv_cache is None:
+        for i in range(meta.num_seqs):
+            s, e = qsl[i], qsl[i + 1]
+            out[s:e] = causal_attention(q[s:e], k[s:e], v[s:e], scale)
+        return out
+    n = meta.num_actual_tokens
+    reshape_and_cache(k[:n], v[:n], kv_cache, meta.slot_mapping[:n])
+    nd = meta.num_decodes
+    if nd:
+        assert meta.num_decode_tokens == nd, "decode sequences must have query length 1"
+        out[:nd] = paged_decode(
+            q[:nd], kv_cache, meta.block_tables[:nd], meta.seq_lens[:nd], max(meta.seq_lens_cpu[:nd]), scale
+        )
+    for i in range(nd, meta.num_seqs):
+        s, e, seq_len = qsl[i], qsl[i + 1], meta.seq_lens_cpu[i]
+        context_len = seq_len - (e - s)
+        if context_len == 0:
+            ck, cv = k[s:e], v[s:e]
+        else:
+            ck, cv = _gather_context(kv_cache, meta.block_tables[i], seq_len)
+        out[s:e] = causal_attention(q[s:e], ck, cv, scale, context_len)
+    return out
+
+
+class TorchAttentionBackend:
+    """Backend interface (name, cache shape, cache write, attention) implemented with torch ops."""
+
+    name = "torch"
+
+    @staticmethod
+    def get_kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_size: int) -> tuple[int, ...]:
+        return (2, num_blocks, block_size, num_kv_heads, head_size)
+
+    reshape_and_cache = staticmethod(reshape_and_cache)
+    forward = staticmethod(forward)

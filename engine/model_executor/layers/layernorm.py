@@ -1,0 +1,29 @@
+"""RMSNorm computed in float32, as the reference checkpoints were trained with."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+
+    def _norm(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Plain norm, or with `residual`: add it first and also return the sum as the new residual.
+
+        The fused form lets a decoder layer carry the residual stream without extra adds at call sites.
+        """
+        if residual is None:
+            return self._norm(x)
+        x = x + residual
+        return self._norm(x), x

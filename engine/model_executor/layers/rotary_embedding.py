@@ -1,0 +1,80 @@
+"""Rotary position embedding (neox-style halves, as Llama and Qwen use) with a precomputed cos/sin cache."""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import nn
+
+
+def rope_params_from_config(hf_config: Any) -> tuple[float, dict | None]:
+    """(theta, scaling dict or None) from either transformers 5 `rope_parameters` or 4.x `rope_theta`/`rope_scaling`."""
+    params = getattr(hf_config, "rope_parameters", None)
+    if isinstance(params, dict) and "rope_theta" in params:
+        theta = float(params["rope_theta"])
+        scaling = params
+    else:
+        theta = float(getattr(hf_config, "rope_theta", 10000.0))
+        scaling = getattr(hf_config, "rope_scaling", None)
+    if not scaling:
+        return theta, None
+    rope_type = scaling.get("rope_type", scaling.get("type", "default"))
+    if rope_type == "default":
+        return theta, None
+    return theta, {**scaling, "rope_type": rope_type}
+
+
+def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
+    """Llama 3.1 scaling: keep high frequencies, divide low ones by `factor`, blend smoothly in between."""
+    factor = scaling["factor"]
+    low_ff, high_ff = scaling["low_freq_factor"], scaling["high_freq_factor"]
+    old_len = scaling["original_max_position_embeddings"]
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > old_len / low_ff, inv_freq / factor, inv_freq)
+    smooth = (old_len / wavelen - low_ff) / (high_ff - low_ff)
+    blended = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelen >= old_len / high_ff) & (wavelen <= old_len / low_ff)
+    return torch.where(medium, blended, scaled)
+
+
+def compute_inv_freq(rotary_dim: int, base: float, scaling: dict | None) -> torch.Tensor:
+    inv_freq = 1.0 / (base ** (torch.arange(0, rotary_dim, 2, dtype=torch.int64).float() / rotary_dim))
+    if scaling is None:
+        return inv_freq
+    if scaling["rope_type"] == "llama3":
+        return _llama3_inv_freq(inv_freq, scaling)
+    raise ValueError(f"unsupported rope_scaling type {scaling['rope_type']!r}; supported: default, llama3")
+
+
+class RotaryEmbedding(nn.Module):
+    """Rotates the first `rotary_dim` features of each q/k head by angles looked up from `positions`."""
+
+    def __init__(
+        self, head_size: int, rotary_dim: int, max_position: int, base: float, scaling: dict | None = None
+    ) -> None:
+        super().__init__()
+        self.head_size = head_size
+        self.rotary_dim = rotary_dim
+        inv_freq = compute_inv_freq(rotary_dim, base, scaling)
+        freqs = torch.outer(torch.arange(max_position, dtype=torch.float32), inv_freq.to(torch.float32))
+        # Built in float32 once; bf16 angles at large positions would be badly off.
+        self.register_buffer("cos_sin_cache", torch.cat([freqs.cos(), freqs.sin()], dim=-1), persistent=False)
+
+    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        x = x.view(shape[0], -1, self.head_size)
+        rot = x[..., : self.rotary_dim].float()
+        x1, x2 = rot.chunk(2, dim=-1)
+        rotated = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
+        if self.rotary_dim < self.head_size:
+            rotated = torch.cat([rotated, x[..., self.rotary_dim :]], dim=-1)
+        return rotated.view(shape)
+
+    def forward(
+        self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """query [T, nh*d] or [T, nh, d], key likewise; returns rotated copies of the same shapes."""
+        cos, sin = self.cos_sin_cache[positions].chunk(2, dim=-1)
+        cos, sin = cos[:, None, :], sin[:, None, :]
+        return self._rotate(query, cos, sin), self._rotate(key, cos, sin)

@@ -1,0 +1,42 @@
+"""Architecture name (HF `architectures[0]`) -> model class, imported lazily."""
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from torch import nn
+
+_MODELS: dict[str, tuple[str, str]] = {
+    "LlamaForCausalLM": ("llama", "LlamaForCausalLM"),
+    "Qwen2ForCausalLM": ("qwen2", "Qwen2ForCausalLM"),
+    "Qwen3ForCausalLM": ("qwen3", "Qwen3ForCausalLM"),
+}
+# Configs built from a dict may lack `architectures`; their model_type still names the family.
+_BY_MODEL_TYPE = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+
+
+def supported_architectures() -> list[str]:
+    return sorted(_MODELS)
+
+
+def get_model_class(architecture: str) -> type[nn.Module]:
+    if architecture not in _MODELS:
+        raise ValueError(
+            f"unsupported model architecture {architecture!r}; supported: {', '.join(supported_architectures())}"
+        )
+    module, cls = _MODELS[architecture]
+    return getattr(importlib.import_module(f"engine.model_executor.models.{module}"), cls)
+
+
+def resolve_architecture(hf_config: Any) -> str:
+    """The architecture a config asks for: its first `architectures` entry, else one inferred from model_type."""
+    archs = getattr(hf_config, "architectures", None)
+    if archs:
+        return archs[0]
+    model_type = getattr(hf_config, "model_type", None)
+    if model_type in _BY_MODEL_TYPE:
+        return _BY_MODEL_TYPE[model_type]
+    raise ValueError(
+        f"config names no architecture and model_type {model_type!r} is unknown; "
+        f"supported: {', '.join(supported_architectures())}"
+    )

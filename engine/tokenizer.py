@@ -1,0 +1,20 @@
+"""Loads a model directory's tokenizer, offline and fast-only (incremental detokenization needs the
+Rust backend's DecodeStream)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
+
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+def get_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
+    """Load the tokenizer in `path` without touching the hub; raise ValueError if there is none."""
+    path = Path(path)
+    if not path.is_dir() or not any((path / f).is_file() for f in _TOKENIZER_FILES):
+        raise ValueError(f"no tokenizer files ({', '.join(_TOKENIZER_FILES)}) in directory {path}")
+    tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True, use_fast=True)
+    if not tokenizer.is_fast:
+        raise ValueError(f"tokenizer in {path} is not a fast (Rust) tokenizer")
+    return tokenizer

@@ -1,0 +1,66 @@
+"""The worker owns one device: threads or CUDA context, the model runner, KV sizing on that device."""
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from engine.config import EngineConfig, default_num_threads
+from engine.core.outputs import ModelRunnerOutput
+from engine.core.sched_output import SchedulerOutput
+from engine.model_executor.loader import KVCacheSpec
+from engine.worker.model_runner import ModelRunner
+
+logger = logging.getLogger("stepscope")
+
+
+class Worker:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.device = torch.device(config.device_config.device)
+        self.model_runner: ModelRunner | None = None
+
+    def init_device(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+            torch.cuda.empty_cache()
+        else:
+            torch.set_num_threads(self.config.device_config.num_threads or default_num_threads())
+        torch.manual_seed(self.config.model_config.seed)
+        self.model_runner = ModelRunner(self.config, self.device)
+
+    def load_model(self) -> None:
+        self.model_runner.load_model()
+
+    def get_kv_cache_spec(self) -> KVCacheSpec:
+        return self.model_runner.get_kv_cache_spec()
+
+    def determine_available_memory(self) -> dict:
+        """CUDA: profile a worst-case forward and apply the seed's arithmetic,
+        available KV = free memory at start x gpu_memory_utilization - peak memory of the model."""
+        if self.device.type != "cuda":
+            raise RuntimeError("memory profiling is for CUDA devices; the CPU uses --kv-cache-memory")
+        torch.cuda.synchronize(self.device)
+        free_at_start, total = torch.cuda.mem_get_info(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        self.model_runner.profile_run()
+        torch.cuda.synchronize(self.device)
+        peak = torch.cuda.max_memory_allocated(self.device)
+        util = self.config.cache_config.gpu_memory_utilization
+        # free_at_start was measured after the weights were loaded: add them back, then take the peak.
+        weights = torch.cuda.memory_allocated(self.device)
+        budget = (free_at_start + weights) * util
+        return {"total": total, "free_at_start": free_at_start + weights, "utilization": util,
+                "peak": peak, "available": int(budget - peak)}
+
+    def initialize_cache(self, num_blocks: int) -> None:
+        self.model_runner.initialize_kv_cache(num_blocks)
+
+    def compile_or_warm_up_model(self) -> None:
+        self.model_runner.warm_up()
+
+    def execute_model(self, scheduler_output: SchedulerOutput) -> None:
+        self.model_runner.execute_model(scheduler_output)
+
+    def sample_tokens(self) -> ModelRunnerOutput:
+        return self.model_runner.sample_tokens()
