@@ -30,7 +30,13 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("prompts", nargs="+", help="prompt text")
     _add_sampling_args(gen)
     EngineArgs.add_cli_args(gen.add_argument_group("engine"))
-    sub.add_parser("run", help="run a workload and write a trace (lands with the traces issue)")
+    run = sub.add_parser("run", help="run a workload on the wall clock and write a trace directory")
+    run.add_argument("--workload", default=None, help="workload YAML (default: workloads/bursty.yaml, "
+                                                      "scaled down on a CPU)")
+    run.add_argument("--time-scale", type=float, default=1.0, help="multiply arrival times (0.5: twice as fast)")
+    run.add_argument("--max-requests", type=int, default=None, help="stop after this many requests")
+    run.add_argument("--no-progress", action="store_true", help="no progress bar")
+    EngineArgs.add_cli_args(run.add_argument_group("engine"))
     return p
 
 
@@ -61,8 +67,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "generate":
             return _generate(args)
-        print("engine run: not available yet in this version of stepscope", file=sys.stderr)
-        return 2
+        from engine.run import main_run
+
+        return main_run(args)
     except (ValueError, FileNotFoundError) as e:
         print(f"engine {args.command}: error: {e}", file=sys.stderr)
         return 2

@@ -57,16 +57,30 @@ class DeviceConfig:
 
 
 @dataclass(slots=True)
+class ObservabilityConfig:
+    """Where a run's trace directory and spans go (vLLM's --otlp-traces-endpoint included)."""
+
+    trace_dir: str | None = None
+    otlp_traces_endpoint: str | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return self.trace_dir is not None or self.otlp_traces_endpoint is not None
+
+
+@dataclass(slots=True)
 class EngineConfig:
     model_config: ModelConfig
     cache_config: CacheConfig
     scheduler_config: SchedulerConfig
     device_config: DeviceConfig
+    observability_config: ObservabilityConfig = field(default_factory=ObservabilityConfig)
 
     def to_dict(self) -> dict:
         return {"model": self.model_config.to_dict(), "cache": self.cache_config.to_dict(),
                 "scheduler": self.scheduler_config.to_dict(),
-                "device": dataclasses.asdict(self.device_config)}
+                "device": dataclasses.asdict(self.device_config),
+                "observability": dataclasses.asdict(self.observability_config)}
 
 
 def _help(text: str) -> dict:
@@ -97,6 +111,8 @@ class EngineArgs:
     attention_backend: str = field(default="auto", metadata=_help("auto | torch | triton | flash-attn"))
     enforce_eager: bool = field(default=False, metadata=_help("no CUDA graphs"))
     num_threads: int | None = field(default=None, metadata=_help("torch CPU threads (default: all cores)"))
+    trace: str | None = field(default=None, metadata=_help("write a trace directory here"))
+    otlp_traces_endpoint: str | None = field(default=None, metadata=_help("also send spans to this OTLP/HTTP URL"))
 
     @classmethod
     def add_cli_args(cls, parser: argparse.ArgumentParser) -> None:
@@ -129,7 +145,8 @@ class EngineArgs:
         if self.num_threads is not None and self.num_threads < 1:
             raise ValueError(f"num_threads: must be >= 1, got {self.num_threads}")
         return EngineConfig(model_config, cache_config, scheduler_config,
-                            DeviceConfig(device, self.num_threads, self.attention_backend, self.enforce_eager))
+                            DeviceConfig(device, self.num_threads, self.attention_backend, self.enforce_eager),
+                            ObservabilityConfig(self.trace, self.otlp_traces_endpoint))
 
     def _model_config(self, device: str) -> ModelConfig:
         from transformers import AutoConfig

@@ -2,6 +2,7 @@
 each `step` is schedule -> execute -> sample -> update, on the shared engine.core scheduler."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -47,22 +48,25 @@ class EngineCore:
     def __init__(self, config: EngineConfig, clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config
         self.clock = clock
-        self.startup_times: dict[str, float] = {}
-        t0 = time.perf_counter()
+        self.t0 = clock()
+        # (name, start, end) on `clock`: the children of the "Prepare model" span.
+        self.startup_phases: list[tuple[str, float, float]] = []
+        start = clock()
         self.executor = UniProcExecutor(config)
-        self.startup_times["load_model"] = time.perf_counter() - t0
+        self.startup_phases.append(("load weights", start, clock()))
         self.kv_report = self._initialize_kv_caches()
         config.cache_config.num_gpu_blocks = self.kv_report.num_blocks
         self.scheduler = Scheduler(config.scheduler_config, config.cache_config, clock)
         self.num_steps = 0
         self.num_preemptions = 0
+        self.trace = None
 
     def _initialize_kv_caches(self) -> KVCacheReport:
         from engine.model_executor.loader import kv_bytes_per_block
         from engine.worker.model_runner import _DTYPES
 
         cc, mc = self.config.cache_config, self.config.model_config
-        t0 = time.perf_counter()
+        start = self.clock()
         spec = self.executor.collective_rpc("get_kv_cache_spec")[0]
         per_block = kv_bytes_per_block(spec, cc.block_size, _DTYPES[mc.dtype])
         if cc.num_gpu_blocks_override is not None:
@@ -75,7 +79,7 @@ class EngineCore:
         else:
             budget = cc.kv_cache_memory or DEFAULT_CPU_KV_CACHE_MEMORY
             num_blocks, how = budget // per_block, f"{budget / 2**30:.2f} GiB / {per_block / 2**10:.0f} KiB per block"
-        self.startup_times["profile_kv"] = time.perf_counter() - t0
+        self.startup_phases.append(("profile memory and size KV cache", start, self.clock()))
         max_len = self.config.scheduler_config.max_model_len
         need = -(-max_len // cc.block_size) + 1
         if num_blocks < need:
@@ -83,27 +87,43 @@ class EngineCore:
                 f"KV cache: {num_blocks} blocks ({max(num_blocks - 1, 0) * cc.block_size} tokens) cannot hold one "
                 f"max_model_len={max_len} sequence; raise --kv-cache-memory, --gpu-memory-utilization or "
                 f"--num-gpu-blocks-override, or lower --max-model-len")
-        t0 = time.perf_counter()
+        start = self.clock()
         self.executor.collective_rpc("initialize_cache", num_blocks)
-        self.startup_times["allocate_kv"] = time.perf_counter() - t0
-        t0 = time.perf_counter()
+        self.startup_phases.append(("allocate KV cache", start, self.clock()))
+        start = self.clock()
         self.executor.collective_rpc("compile_or_warm_up_model")
-        self.startup_times["warm_up"] = time.perf_counter() - t0
+        self.startup_phases.append(("warm up", start, self.clock()))
         report = KVCacheReport(num_blocks, cc.block_size, per_block, (num_blocks - 1) * cc.block_size / max_len, how)
         logger.info("KV cache: %d blocks of %d tokens (%d tokens, %.2f GiB) = %s; max concurrency at "
                     "max_model_len %d: %.2fx", num_blocks, cc.block_size, report.num_tokens,
                     num_blocks * per_block / 2**30, how, max_len, report.max_concurrency)
         return report
 
+    def enable_tracing(self, trace_dir: str | None, meta: dict, otlp_endpoint: str | None = None) -> None:
+        """Write this run's trace directory and spans from now on (start-up spans included)."""
+        from engine.tracing import EngineTrace
+
+        meta = {"source": "engine", "config": self.config.to_dict(), "kv_cache": dataclasses.asdict(self.kv_report), **meta}
+        self.trace = EngineTrace(trace_dir, meta, self.scheduler, self.t0, self.config.model_config.model,
+                                 otlp_endpoint)
+        self.trace.spans.prepare_model(self.startup_phases)
+        self.executor.collective_rpc("set_sync_timing", True)
+
     def add_request(self, request: EngineCoreRequest) -> None:
-        self.scheduler.add_request(Request(
-            request.request_id, request.prompt_token_ids, request.sampling_params,
-            eos_token_id=request.eos_token_id, arrival_time=request.arrival_time, priority=request.priority,
-            cache_salt=request.cache_salt))
+        req = Request(request.request_id, request.prompt_token_ids, request.sampling_params,
+                      eos_token_id=request.eos_token_id, arrival_time=request.arrival_time,
+                      priority=request.priority, cache_salt=request.cache_salt)
+        self.scheduler.add_request(req)
+        if self.trace is not None:
+            self.trace.on_add(req)
 
     def abort_requests(self, request_ids: list[str], status: RequestStatus = RequestStatus.FINISHED_ABORTED,
                        stop_reason: int | str | None = None) -> None:
-        self.scheduler.finish_requests(request_ids, status, stop_reason)
+        if self.trace is None:
+            self.scheduler.finish_requests(request_ids, status, stop_reason)
+            return
+        live = [self.scheduler.requests[r] for r in request_ids if r in self.scheduler.requests]
+        self.trace.on_abort(self.scheduler.finish_requests(request_ids, status, stop_reason), live)
 
     def has_work(self) -> bool:
         return self.scheduler.has_unfinished_requests() or self.scheduler.has_pending_outputs()
@@ -112,12 +132,39 @@ class EngineCore:
         """One engine step; returns the tokens and finishes it produced."""
         if not self.has_work():
             return EngineCoreOutputs()
+        if self.trace is not None:
+            return self._traced_step()
         scheduler_output = self.scheduler.schedule()
         self.num_steps += 1
         self.num_preemptions += len(scheduler_output.preempted_req_ids)
         self.executor.execute_model(scheduler_output)
         runner_output = self.executor.sample_tokens()
         return self.scheduler.update_from_output(scheduler_output, runner_output)
+
+    def _traced_step(self) -> EngineCoreOutputs:
+        """The same step with five timestamps taken; rows and spans are built from them afterwards."""
+        clock = self.clock
+        t_sched = clock()
+        scheduler_output = self.scheduler.schedule()
+        t_exec = clock()
+        self.executor.execute_model(scheduler_output)
+        t_sample = clock()
+        runner_output = self.executor.sample_tokens()
+        t_update = clock()
+        requests = self.scheduler.requests
+        scheduled = [requests[rid] for rid in scheduler_output.num_scheduled_tokens]
+        outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
+        t_end = clock()
+        self.num_steps += 1
+        self.num_preemptions += len(scheduler_output.preempted_req_ids)
+        self.trace.on_step(scheduler_output, outputs, (t_sched, t_exec, t_sample, t_update, t_end),
+                           [r for r in scheduled if r.is_finished()])
+        return outputs
+
+    def shutdown(self, **final_meta) -> None:
+        if self.trace is not None:
+            self.trace.close(**final_meta)
+            self.trace = None
 
     def reset_prefix_cache(self) -> bool:
         return self.scheduler.reset_prefix_cache()
@@ -128,6 +175,17 @@ class InprocClient:
 
     def __init__(self, config: EngineConfig) -> None:
         self.engine_core = EngineCore(config)
+        obs = config.observability_config
+        if obs.enabled:
+            device = self.engine_core.executor.collective_rpc("describe_device")[0]
+            self.engine_core.enable_tracing(obs.trace_dir, {"device": device}, obs.otlp_traces_endpoint)
+
+    def update_trace_meta(self, **fields) -> None:
+        if self.engine_core.trace is not None:
+            self.engine_core.trace.update_meta(**fields)
+
+    def shutdown(self, **final_meta) -> None:
+        self.engine_core.shutdown(**final_meta)
 
     def add_request(self, request: EngineCoreRequest) -> None:
         self.engine_core.add_request(request)

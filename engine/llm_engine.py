@@ -59,6 +59,10 @@ class LLMEngine:
     def has_unfinished_requests(self) -> bool:
         return bool(self._rejected) or self.output_processor.has_unfinished_requests()
 
+    def shutdown(self, **final_meta) -> None:
+        """Close the trace (compacting it) and flush spans; safe to call twice."""
+        self.engine_core.shutdown(**final_meta)
+
     def abort_request(self, request_ids: list[str]) -> None:
         self.engine_core.abort_requests(request_ids)
         for rid in request_ids:

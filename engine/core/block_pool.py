@@ -118,9 +118,11 @@ class BlockPool:
         return self.cached_block_hash_to_block.get(block_hash)
 
     def cache_full_blocks(self, blocks: list[KVCacheBlock], block_hashes: list[BlockHash],
-                          num_cached_blocks: int, num_full_blocks: int) -> None:
-        """Register blocks[num_cached:num_full] under their hashes; the first block with a hash keeps it."""
+                          num_cached_blocks: int, num_full_blocks: int) -> list[KVCacheBlock]:
+        """Register blocks[num_cached:num_full] under their hashes; the first block with a hash keeps it.
+        Returns the blocks that became cached."""
         table = self.cached_block_hash_to_block
+        newly = []
         for i in range(num_cached_blocks, num_full_blocks):
             block = blocks[i]
             if block.block_hash is not None:
@@ -129,6 +131,8 @@ class BlockPool:
             if h not in table:
                 block.block_hash = h
                 table[h] = block
+                newly.append(block)
+        return newly
 
     def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
         """Pop blocks off the front of the free queue, evicting any stale cached hash they carry."""

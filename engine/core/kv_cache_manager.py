@@ -34,7 +34,12 @@ class PrefixCacheStats:
 
 
 class KVCacheManager:
-    """Full-attention KV cache manager: one block list per request, hashes from the request."""
+    """Full-attention KV cache manager: one block list per request, hashes from the request.
+
+    When `events` is a list, every change of block ownership or cache state is appended to it as
+    (kind, request_id, block_ids, hashes) with kind in new / hit / cache / free / uncache, so a trace can
+    rebuild the pool at any step.
+    """
 
     def __init__(self, num_blocks: int, block_size: int, max_model_len: int, enable_caching: bool = True,
                  watermark: float = 0.0) -> None:
@@ -46,6 +51,7 @@ class KVCacheManager:
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
         self.num_cached_block: dict[str, int] = {}
         self.prefix_cache_stats = PrefixCacheStats()
+        self.events: list[tuple] | None = None
 
     @property
     def usage(self) -> float:
@@ -97,13 +103,18 @@ class KVCacheManager:
         if req_blocks is None:
             req_blocks = self.req_to_blocks[request.request_id] = []
             self.num_cached_block[request.request_id] = 0
+        events = self.events
         if num_hit_blocks:
             pool.touch(new_computed_blocks)
             req_blocks.extend(new_computed_blocks)
             self.num_cached_block[request.request_id] = len(req_blocks)
+            if events is not None:
+                events.append(("hit", request.request_id, [b.block_id for b in new_computed_blocks], None))
         new_blocks = pool.get_new_blocks(num_to_allocate) if num_to_allocate > 0 else []
         if new_blocks:
             req_blocks.extend(new_blocks)
+            if events is not None:
+                events.append(("new", request.request_id, [b.block_id for b in new_blocks], None))
         if self.enable_caching:
             self._cache_blocks(request, req_blocks, min(num_computed + num_new_tokens, request.num_tokens))
         return new_blocks
@@ -113,8 +124,11 @@ class KVCacheManager:
         num_full = min(num_tokens // self.block_size, len(request.block_hashes))
         num_cached = self.num_cached_block[request.request_id]
         if num_full > num_cached:
-            self.block_pool.cache_full_blocks(req_blocks, request.block_hashes, num_cached, num_full)
+            newly = self.block_pool.cache_full_blocks(req_blocks, request.block_hashes, num_cached, num_full)
             self.num_cached_block[request.request_id] = num_full
+            if newly and self.events is not None:
+                self.events.append(("cache", request.request_id, [b.block_id for b in newly],
+                                    [b.block_hash.hex() for b in newly]))
 
     def free(self, request: Request) -> list[int]:
         """Release a request's blocks, tail first so its prefix stays cached longest; returns their ids.
@@ -127,11 +141,18 @@ class KVCacheManager:
         if not blocks:
             return []
         pool = self.block_pool
+        uncached = []
         for block in blocks[request.num_computed_tokens // self.block_size:]:
             if block.block_hash is not None and block.ref_cnt == 1:
                 pool.uncache(block)
+                uncached.append(block.block_id)
         pool.free_blocks(reversed(blocks))
-        return [b.block_id for b in blocks]
+        ids = [b.block_id for b in blocks]
+        if self.events is not None:
+            if uncached:
+                self.events.append(("uncache", request.request_id, uncached, None))
+            self.events.append(("free", request.request_id, ids, None))
+        return ids
 
     def get_block_ids(self, request_id: str) -> list[int]:
         return [b.block_id for b in self.req_to_blocks.get(request_id, ())]

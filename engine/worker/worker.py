@@ -19,6 +19,7 @@ class Worker:
         self.config = config
         self.device = torch.device(config.device_config.device)
         self.model_runner: ModelRunner | None = None
+        self.sync_timing = False
 
     def init_device(self) -> None:
         if self.device.type == "cuda":
@@ -28,6 +29,19 @@ class Worker:
             torch.set_num_threads(self.config.device_config.num_threads or default_num_threads())
         torch.manual_seed(self.config.model_config.seed)
         self.model_runner = ModelRunner(self.config, self.device)
+
+    def describe_device(self) -> dict:
+        """What a trace records about the hardware the run used."""
+        import platform
+
+        info = {"type": self.device.type, "torch": torch.__version__}
+        if self.device.type == "cuda":
+            info["name"] = torch.cuda.get_device_name(self.device)
+            info["memory_bytes"] = torch.cuda.get_device_properties(self.device).total_memory
+        else:
+            info["name"] = platform.processor() or platform.machine()
+            info["num_threads"] = torch.get_num_threads()
+        return info
 
     def load_model(self) -> None:
         self.model_runner.load_model()
@@ -59,8 +73,14 @@ class Worker:
     def compile_or_warm_up_model(self) -> None:
         self.model_runner.warm_up()
 
+    def set_sync_timing(self, enabled: bool) -> None:
+        """When traced, wait for the device after the forward so the execute span covers the GPU work."""
+        self.sync_timing = enabled
+
     def execute_model(self, scheduler_output: SchedulerOutput) -> None:
         self.model_runner.execute_model(scheduler_output)
+        if self.sync_timing and self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
 
     def sample_tokens(self) -> ModelRunnerOutput:
         return self.model_runner.sample_tokens()

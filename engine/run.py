@@ -1,0 +1,93 @@
+"""`engine run`: submit a workload's requests at their arrival times on the wall clock while the
+engine steps, write the trace, print a summary."""
+from __future__ import annotations
+
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from tqdm import tqdm
+
+from engine.core.sampling_params import SamplingParams
+from engine.llm_engine import LLMEngine
+
+DEFAULT_WORKLOAD = Path(__file__).resolve().parent.parent / "workloads" / "bursty.yaml"
+# What the default workload is cut to on a CPU, so `engine run` finishes in well under a minute there.
+CPU_SCALE = {"num_requests": 48, "length_factor": 0.125}
+
+
+@dataclass(slots=True)
+class RunResult:
+    trace_dir: Path
+    num_submitted: int
+    interrupted: bool
+    wall_time: float
+
+
+def run_workload(engine: LLMEngine, workload, time_scale: float = 1.0, max_requests: int | None = None,
+                 progress: bool = True) -> RunResult:
+    """Drive the engine with the workload; Ctrl-C stops submitting and ends the run cleanly."""
+    vocab = engine.config.model_config.hf_config.vocab_size
+    stream = workload.requests(vocab_size=vocab, limit=max_requests, time_scale=time_scale)
+    nxt = next(stream, None)
+    start = time.monotonic()
+    submitted = 0
+    interrupted = False
+    bar = tqdm(total=max_requests, desc="requests", unit="req", disable=not progress, dynamic_ncols=True)
+    try:
+        while True:
+            now = time.monotonic()
+            while nxt is not None and start + nxt.arrival <= now:
+                engine.add_request(nxt.request_id, {"prompt_token_ids": nxt.prompt_token_ids},
+                                   SamplingParams(max_tokens=nxt.max_tokens, temperature=0.0, ignore_eos=True),
+                                   arrival_time=start + nxt.arrival)
+                submitted += 1
+                nxt = next(stream, None)
+            if engine.has_unfinished_requests():
+                bar.update(len(engine.step()))
+            elif nxt is not None:
+                time.sleep(max(0.0, min(start + nxt.arrival - time.monotonic(), 0.05)))
+            else:
+                break
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        bar.close()
+    return RunResult(Path(engine.config.observability_config.trace_dir or ""), submitted, interrupted,
+                     time.monotonic() - start)
+
+
+def main_run(args) -> int:
+    """Entry for the CLI: build the engine with a trace (a temporary one if --trace is absent)."""
+    import traces
+    from engine.config import EngineArgs
+    from traces.summary import format_summary, summarize
+    from workloads import load_workload
+
+    if args.time_scale <= 0:
+        raise ValueError(f"--time-scale: must be > 0, got {args.time_scale}")
+    if args.max_requests is not None and args.max_requests < 1:
+        raise ValueError(f"--max-requests: must be >= 1, got {args.max_requests}")
+    workload_path = Path(args.workload) if args.workload else DEFAULT_WORKLOAD
+    workload = load_workload(workload_path)
+    engine_args = EngineArgs.from_cli_args(args)
+    tmp = None
+    if engine_args.trace is None:
+        tmp = tempfile.TemporaryDirectory(prefix="stepscope-run-")
+        engine_args.trace = tmp.name
+    config = engine_args.create_engine_config()
+    if args.workload is None and config.device_config.device == "cpu":
+        workload = workload.scaled(**CPU_SCALE)
+    engine = LLMEngine(config)
+    engine.engine_core.update_trace_meta(workload={**workload.to_dict(), "time_scale": args.time_scale,
+                                                   "max_requests": args.max_requests})
+    result = run_workload(engine, workload, args.time_scale, args.max_requests, progress=not args.no_progress)
+    engine.shutdown(interrupted=result.interrupted)
+    trace = traces.load(config.observability_config.trace_dir)
+    print(format_summary(summarize(trace.requests, trace.steps)))
+    if tmp is None:
+        print(f"trace: {config.observability_config.trace_dir}")
+    else:
+        tmp.cleanup()
+    return 130 if result.interrupted else 0

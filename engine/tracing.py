@@ -1,0 +1,206 @@
+"""OpenTelemetry for the engine: start-up, step and request spans, built off the hot loop.
+
+The SDK costs tens of microseconds per span, so the step loop only records monotonic timestamps
+into a queue; a background thread turns them into spans with explicit start and end times. Spans
+always go to the trace directory as OTLP JSON lines, and to an OTLP/HTTP endpoint when one is given.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+from google.protobuf.json_format import MessageToJson
+from opentelemetry import trace
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+
+from engine.core.request import Request
+
+
+class OTLPJsonLinesExporter(SpanExporter):
+    """Writes each exported batch as one ExportTraceServiceRequest JSON line and flushes it."""
+
+    def __init__(self, path: str | Path) -> None:
+        self._file = open(path, "a", encoding="utf-8")
+        self._lock = threading.Lock()
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        line = MessageToJson(encode_spans(spans), indent=None)
+        with self._lock:
+            self._file.write(line + "\n")
+            self._file.flush()
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        with self._lock:
+            self._file.close()
+
+
+def make_tracer_provider(spans_path: str | Path | None = None, otlp_endpoint: str | None = None,
+                         service_name: str = "stepscope-engine") -> TracerProvider:
+    provider = TracerProvider(resource=Resource.create({"service.name": service_name}))
+    if spans_path is not None:
+        provider.add_span_processor(BatchSpanProcessor(OTLPJsonLinesExporter(spans_path)))
+    if otlp_endpoint:
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=otlp_endpoint)))
+    return provider
+
+
+class EngineSpans:
+    """Queue of timestamped events in; spans out on a daemon thread. Times are time.monotonic()."""
+
+    def __init__(self, provider: TracerProvider, model_name: str) -> None:
+        self.provider = provider
+        self.tracer = provider.get_tracer("stepscope.engine")
+        self.model_name = model_name
+        self._mono0 = time.monotonic()
+        self._ns0 = time.time_ns()
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._drain, name="stepscope-spans", daemon=True)
+        self._thread.start()
+
+    def to_ns(self, mono: float) -> int:
+        return self._ns0 + int((mono - self._mono0) * 1e9)
+
+    # ---- producers (cheap: one tuple into a queue) ----------------------------------------------
+    def prepare_model(self, phases: list[tuple[str, float, float]]) -> None:
+        self._queue.put(("prepare", phases))
+
+    def step(self, step: int, times: tuple[float, float, float, float, float], attrs: dict[str, Any]) -> None:
+        """times: schedule start, schedule end (= execute start), execute end, sample end, step end."""
+        self._queue.put(("step", step, times, attrs))
+
+    def request(self, req: Request) -> None:
+        self._queue.put(("request", req))
+
+    def shutdown(self) -> None:
+        self._queue.put(None)
+        self._thread.join(timeout=30)
+        self.provider.force_flush()
+        self.provider.shutdown()
+
+    # ---- the consumer ---------------------------------------------------------------------------
+    def _drain(self) -> None:
+        while (item := self._queue.get()) is not None:
+            kind = item[0]
+            if kind == "step":
+                self._step_spans(*item[1:])
+            elif kind == "request":
+                self._request_span(item[1])
+            else:
+                self._prepare_spans(item[1])
+
+    def _span(self, name: str, start: float, end: float, parent=None, attrs: dict | None = None):
+        ctx = trace.set_span_in_context(parent) if parent is not None else None
+        span = self.tracer.start_span(name, context=ctx, start_time=self.to_ns(start), attributes=attrs)
+        span.end(end_time=self.to_ns(end))
+        return span
+
+    def _prepare_spans(self, phases: list[tuple[str, float, float]]) -> None:
+        root = self.tracer.start_span("Prepare model", start_time=self.to_ns(phases[0][1]),
+                                      attributes={"gen_ai.request.model": self.model_name})
+        for name, start, end in phases:
+            self._span(name, start, end, root)
+        root.end(end_time=self.to_ns(phases[-1][2]))
+
+    def _step_spans(self, step: int, times: tuple, attrs: dict[str, Any]) -> None:
+        t_sched, t_exec, t_sample, t_update, t_end = times
+        root = self.tracer.start_span("step", start_time=self.to_ns(t_sched), attributes={"step": step, **attrs})
+        self._span("schedule", t_sched, t_exec, root)
+        self._span("execute", t_exec, t_sample, root)
+        self._span("sample", t_sample, t_update, root)
+        root.end(end_time=self.to_ns(t_end))
+
+    def _request_span(self, r: Request) -> None:
+        """GenAI semantic-convention names, plus the latency breakdown vLLM puts on llm_request."""
+        p = r.sampling_params
+        end = r.finished_time if r.finished_time is not None else time.monotonic()
+        attrs: dict[str, Any] = {
+            "gen_ai.operation.name": "text_completion",
+            "gen_ai.request.model": self.model_name,
+            "gen_ai.request.id": r.request_id,
+            "gen_ai.request.max_tokens": r.max_tokens or 0,
+            "gen_ai.request.temperature": p.temperature,
+            "gen_ai.request.top_p": p.top_p,
+            "gen_ai.usage.input_tokens": r.num_prompt_tokens,
+            "gen_ai.usage.output_tokens": r.num_output_tokens,
+            "gen_ai.response.finish_reasons": [r.get_finish_reason() or "unfinished"],
+            "gen_ai.latency.e2e": end - r.arrival_time,
+            "stepscope.num_cached_tokens": max(r.num_cached_tokens, 0),
+            "stepscope.num_preemptions": r.num_preemptions,
+        }
+        if r.first_scheduled_time is not None:
+            attrs["gen_ai.latency.time_in_queue"] = r.first_scheduled_time - r.arrival_time
+            if r.first_token_time is not None:
+                attrs["gen_ai.latency.time_to_first_token"] = r.first_token_time - r.arrival_time
+                attrs["gen_ai.latency.time_in_model_prefill"] = r.first_token_time - r.first_scheduled_time
+                attrs["gen_ai.latency.time_in_model_decode"] = end - r.first_token_time
+        self._span(f"text_completion {self.model_name}", r.arrival_time, end, attrs=attrs)
+
+
+class EngineTrace:
+    """Everything a traced engine run writes: the trace directory tables and the spans."""
+
+    def __init__(self, trace_dir: str | Path | None, meta: dict[str, Any], scheduler, t0: float,
+                 model_name: str, otlp_endpoint: str | None = None) -> None:
+        from traces.recorder import TraceRecorder
+        from traces.schema import SPANS_FILE
+        from traces.writer import TraceWriter
+
+        self.writer = None
+        self.recorder = None
+        spans_path = None
+        if trace_dir is not None:
+            Path(trace_dir).mkdir(parents=True, exist_ok=True)
+            spans_path = Path(trace_dir) / SPANS_FILE
+            spans_path.unlink(missing_ok=True)
+        self.spans = EngineSpans(make_tracer_provider(spans_path, otlp_endpoint), model_name)
+        if trace_dir is not None:
+            meta = {**meta, "clock_origin_unix_ns": self.spans.to_ns(t0)}
+            self.writer = TraceWriter(trace_dir, meta)
+            self.recorder = TraceRecorder(self.writer, scheduler, t0)
+
+    def on_add(self, request: Request) -> None:
+        if self.recorder is not None:
+            self.recorder.on_add(request)
+        if request.is_finished():
+            self.spans.request(request)
+
+    def on_abort(self, freed: dict[str, list[int]], requests: list[Request]) -> None:
+        if self.recorder is not None:
+            self.recorder.on_abort(freed)
+        for r in requests:
+            self.spans.request(r)
+
+    def on_step(self, so, outputs, times: tuple[float, float, float, float, float], finished: list[Request]) -> None:
+        t_sched, t_exec, t_sample, t_update, t_end = times
+        if self.recorder is not None:
+            step = self.recorder.step
+            self.recorder.on_step(so, outputs, t_sched, t_end, t_exec - t_sched, t_sample - t_exec,
+                                  t_update - t_sample)
+        else:
+            step = -1
+        stats = outputs.scheduler_stats
+        self.spans.step(step, times, {
+            "num_scheduled_tokens": so.total_num_scheduled_tokens, "num_prefill_tokens": so.num_prefill_tokens,
+            "num_decode_tokens": so.num_decode_tokens, "num_running": stats.num_running_reqs if stats else 0,
+            "num_waiting": stats.num_waiting_reqs if stats else 0, "num_preempted": len(so.preempted_req_ids),
+            "kv_cache_usage": stats.kv_cache_usage if stats else 0.0})
+        for r in finished:
+            self.spans.request(r)
+
+    def update_meta(self, **fields: Any) -> None:
+        if self.writer is not None:
+            self.writer.update_meta(**fields)
+
+    def close(self, **final_meta: Any) -> None:
+        self.spans.shutdown()
+        if self.recorder is not None:
+            self.recorder.close(**final_meta)

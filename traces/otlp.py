@@ -1,0 +1,42 @@
+"""Spans as OTLP JSON lines: one ExportTraceServiceRequest per line, as the OpenTelemetry collector's
+file exporter writes them; read back into a flat DataFrame."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+SPAN_COLUMNS = ("name", "trace_id", "span_id", "parent_span_id", "start", "end", "attributes")
+
+
+def _value(v: dict):
+    if "arrayValue" in v:
+        return [_value(x) for x in v["arrayValue"].get("values", [])]
+    for key in ("stringValue", "boolValue", "doubleValue"):
+        if key in v:
+            return v[key]
+    if "intValue" in v:
+        return int(v["intValue"])
+    return None
+
+
+def read_spans(path: Path, origin_ns: int | None) -> pd.DataFrame:
+    """Flatten every span; start/end become seconds since `origin_ns` (the run's start) when given."""
+    rows = []
+    if path.exists():
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                req = json.loads(line)
+            except json.JSONDecodeError:
+                break
+            for rs in req.get("resourceSpans", []):
+                for ss in rs.get("scopeSpans", []):
+                    for s in ss.get("spans", []):
+                        start, end = int(s["startTimeUnixNano"]), int(s["endTimeUnixNano"])
+                        if origin_ns is not None:
+                            start, end = (start - origin_ns) / 1e9, (end - origin_ns) / 1e9
+                        rows.append({"name": s["name"], "trace_id": s.get("traceId"), "span_id": s.get("spanId"),
+                                     "parent_span_id": s.get("parentSpanId") or None, "start": start, "end": end,
+                                     "attributes": {a["key"]: _value(a["value"]) for a in s.get("attributes", [])}})
+    return pd.DataFrame(rows, columns=list(SPAN_COLUMNS))
