@@ -1,0 +1,151 @@
+"""Streaming readers for public trace formats: one row at a time, so a huge trace never sits in memory."""
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from workloads.errors import WorkloadError
+
+MOONCAKE_BLOCK_TOKENS = 512
+
+
+@dataclass(slots=True)
+class TraceRow:
+    """One request of a trace: arrival in seconds since the trace's start, lengths in tokens."""
+
+    arrival: float
+    prompt_tokens: int
+    output_tokens: int
+    hash_ids: list[int] | None = None
+
+
+def _length(value: Any, path: Path, line: int, column: str) -> int:
+    """A token count; 0 is raised to 1 (real traces have a few), anything else non-integral is an error."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise WorkloadError(path, f"line {line}", f"{column} {value!r} is not a number") from None
+    if not number.is_integer() or number < 0:
+        raise WorkloadError(path, f"line {line}", f"{column} {value!r} is not a token count (an integer >= 0)")
+    return max(1, int(number))
+
+
+def _seconds(value: Any, path: Path, line: int, column: str) -> float:
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        number = float(value)
+    except (TypeError, ValueError):
+        raise WorkloadError(path, f"line {line}", f"{column} {value!r} is not a number") from None
+    if number != number or number in (float("inf"), float("-inf")):
+        raise WorkloadError(path, f"line {line}", f"{column} {value!r} is not a finite number")
+    return number
+
+
+def _csv_rows(path: Path, columns: tuple[str, ...]) -> Iterator[tuple[int, list[str]]]:
+    """(line number, the wanted columns in order) for each non-blank row; checks the header."""
+    with open(path, newline="", encoding="utf-8") as f:
+        reader = csv.reader(f)
+        header = [h.strip() for h in next(reader, [])]
+        missing = [c for c in columns if c not in header]
+        if missing:
+            raise WorkloadError(path, "line 1", f"header lacks column {missing[0]!r} (has {','.join(header)})")
+        index = [header.index(c) for c in columns]
+        for row in reader:
+            if not row or all(not cell.strip() for cell in row):
+                continue
+            if len(row) < len(header):
+                raise WorkloadError(path, f"line {reader.line_num}", f"{len(row)} fields, the header has {len(header)}")
+            yield reader.line_num, [row[i].strip() for i in index]
+
+
+def _json_rows(path: Path) -> Iterator[tuple[int, dict]]:
+    with open(path, encoding="utf-8") as f:
+        for line_no, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise WorkloadError(path, f"line {line_no}", f"not valid JSON ({e.msg})") from None
+            if not isinstance(row, dict):
+                raise WorkloadError(path, f"line {line_no}", "expected a JSON object")
+            yield line_no, row
+
+
+def _field(row: dict, key: str, path: Path, line: int) -> Any:
+    if key not in row:
+        raise WorkloadError(path, f"line {line}", f"missing field {key!r}")
+    return row[key]
+
+
+def _azure(path: Path) -> Iterator[tuple[int, TraceRow]]:
+    """Azure LLM inference trace 2023: `TIMESTAMP,ContextTokens,GeneratedTokens`, datetimes made relative."""
+    start: datetime | None = None
+    for line, (stamp, context, generated) in _csv_rows(path, ("TIMESTAMP", "ContextTokens", "GeneratedTokens")):
+        try:
+            when = datetime.fromisoformat(stamp)
+        except ValueError:
+            raise WorkloadError(path, f"line {line}", f"TIMESTAMP {stamp!r} is not a date and time") from None
+        start = when if start is None else start
+        yield line, TraceRow((when - start).total_seconds(), _length(context, path, line, "ContextTokens"),
+                             _length(generated, path, line, "GeneratedTokens"))
+
+
+def _mooncake(path: Path) -> Iterator[tuple[int, TraceRow]]:
+    """Mooncake FAST'25 JSONL: `timestamp` in ms (made relative, in seconds), lengths and 512-token `hash_ids`."""
+    start: float | None = None
+    for line, row in _json_rows(path):
+        stamp = _seconds(_field(row, "timestamp", path, line), path, line, "timestamp")
+        start = stamp if start is None else start
+        hash_ids = row.get("hash_ids", [])
+        if not isinstance(hash_ids, list) or not all(
+                isinstance(h, int) and not isinstance(h, bool) and h >= 0 for h in hash_ids):
+            raise WorkloadError(path, f"line {line}", "hash_ids must be a list of integers >= 0")
+        prompt = _length(_field(row, "input_length", path, line), path, line, "input_length")
+        output = _length(_field(row, "output_length", path, line), path, line, "output_length")
+        yield line, TraceRow((stamp - start) / 1000.0, prompt, output, hash_ids)
+
+
+def _plain_csv(path: Path) -> Iterator[tuple[int, TraceRow]]:
+    """Plain CSV with `arrival` (seconds since start), `prompt_tokens`, `output_tokens`; other columns ignored."""
+    for line, (arrival, prompt, output) in _csv_rows(path, ("arrival", "prompt_tokens", "output_tokens")):
+        yield line, TraceRow(_seconds(arrival, path, line, "arrival"), _length(prompt, path, line, "prompt_tokens"),
+                             _length(output, path, line, "output_tokens"))
+
+
+def _plain_jsonl(path: Path) -> Iterator[tuple[int, TraceRow]]:
+    """JSON lines with `arrival` (seconds since start), `prompt_tokens`, `output_tokens`."""
+    for line, row in _json_rows(path):
+        arrival, prompt, output = (_field(row, k, path, line) for k in ("arrival", "prompt_tokens", "output_tokens"))
+        yield line, TraceRow(_seconds(arrival, path, line, "arrival"), _length(prompt, path, line, "prompt_tokens"),
+                             _length(output, path, line, "output_tokens"))
+
+
+_READERS: dict[str, Callable[[Path], Iterator[tuple[int, TraceRow]]]] = {
+    "azure": _azure, "mooncake": _mooncake, "csv": _plain_csv, "jsonl": _plain_jsonl,
+}
+
+
+def read_trace(path: str | Path, fmt: str) -> Iterator[TraceRow]:
+    """Rows of a trace in file order; arrivals must start at >= 0 and never go back (a stream cannot sort)."""
+    path = Path(path)
+    if fmt not in _READERS:
+        raise WorkloadError(path, "format", f"unknown trace format {fmt!r} (expected one of {', '.join(_READERS)})")
+    previous = 0.0
+    try:
+        for line, row in _READERS[fmt](path):
+            if row.arrival < previous:
+                raise WorkloadError(path, f"line {line}", f"arrival {row.arrival:g} s is before the previous row's "
+                                    f"{previous:g} s (arrivals must be >= 0 and sorted)")
+            previous = row.arrival
+            yield row
+    except UnicodeDecodeError:
+        raise WorkloadError(path, "file", "not UTF-8 text") from None
+    except OSError as e:
+        raise WorkloadError(path, "file", f"cannot read it ({e.strerror})") from None

@@ -1,0 +1,172 @@
+"""The workload YAML schema as pydantic models; extra="forbid" so a typo fails loudly instead of being ignored."""
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+
+PositiveFloat = Annotated[float, Field(gt=0)]
+Count = Annotated[int, Field(ge=1)]
+MAX_ZIPF_SUPPORT = 10_000_000
+TRACE_FORMATS = ("azure", "mooncake", "csv", "jsonl")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class PoissonArrival(_Strict):
+    """Exponential gaps: memoryless open-loop traffic."""
+
+    process: Literal["poisson"]
+    rate: PositiveFloat
+
+
+class GammaArrival(_Strict):
+    """Gamma gaps with a chosen coefficient of variation: cv > 1 gives bursts, cv < 1 smooths them."""
+
+    process: Literal["gamma"]
+    rate: PositiveFloat
+    cv: PositiveFloat
+
+
+class ConstantArrival(_Strict):
+    """Evenly spaced arrivals: the easiest load to reason about."""
+
+    process: Literal["constant"]
+    rate: PositiveFloat
+
+
+class OnOffArrival(_Strict):
+    """Poisson at `rate` for `on` seconds, then silence for `off` seconds, repeated: load steps."""
+
+    process: Literal["onoff"]
+    rate: PositiveFloat
+    on: PositiveFloat
+    off: Annotated[float, Field(ge=0)]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _yaml_booleans(cls, data: Any) -> Any:
+        """YAML 1.1 reads the bare keys `on:`/`off:` as true/false; map them back to the field names."""
+        if isinstance(data, dict) and (True in data or False in data):
+            data = {{True: "on", False: "off"}.get(k, k) if isinstance(k, bool) else k: v for k, v in data.items()}
+        return data
+
+
+class TraceArrival(_Strict):
+    """Arrivals and lengths replayed from a trace file; `time_scale` stretches (>1) or squeezes (<1) time."""
+
+    process: Literal["trace"]
+    path: str = Field(min_length=1)
+    format: Literal["azure", "mooncake", "csv", "jsonl"]
+    time_scale: PositiveFloat = 1.0
+
+
+Arrival = Annotated[
+    Union[PoissonArrival, GammaArrival, ConstantArrival, OnOffArrival, TraceArrival],
+    Field(discriminator="process"),
+]
+
+
+class _Clipped(_Strict):
+    """`min`/`max` clip whatever a distribution draws."""
+
+    min: Count | None = None
+    max: Count | None = None
+
+    @field_validator("max")
+    @classmethod
+    def _max_not_below_min(cls, v: int | None, info: ValidationInfo) -> int | None:
+        lo = info.data.get("min")
+        if v is not None and lo is not None and v < lo:
+            raise ValueError(f"max ({v}) is below min ({lo})")
+        return v
+
+
+class FixedLength(_Clipped):
+    dist: Literal["fixed"]
+    value: Count
+
+
+class UniformLength(_Clipped):
+    dist: Literal["uniform"]
+    min: Count
+    max: Count
+
+
+class NormalLength(_Clipped):
+    dist: Literal["normal"]
+    mean: PositiveFloat
+    std: Annotated[float, Field(ge=0)]
+
+
+class LognormalLength(_Clipped):
+    """Long-tailed lengths, as prompts in production traces are; `median` is exp(mu)."""
+
+    dist: Literal["lognormal"]
+    median: PositiveFloat
+    sigma: Annotated[float, Field(ge=0)]
+
+
+class ZipfLength(_Clipped):
+    """P(k) proportional to k^-a on the integers [min, max]; bounded, so any a > 0 works."""
+
+    dist: Literal["zipf"]
+    a: PositiveFloat = Field(validation_alias=AliasChoices("a", "s"))
+    min: Count = 1
+    max: Count
+
+    @field_validator("max")
+    @classmethod
+    def _support_not_too_wide(cls, v: int, info: ValidationInfo) -> int:
+        if v - info.data.get("min", 1) >= MAX_ZIPF_SUPPORT:
+            raise ValueError(f"zipf support [min, max] is wider than {MAX_ZIPF_SUPPORT:,} values")
+        return v
+
+
+class EmpiricalLength(_Clipped):
+    """Draws from given values, optionally weighted: a histogram taken from somewhere real."""
+
+    dist: Literal["empirical"]
+    values: list[Count] = Field(min_length=1)
+    weights: list[Annotated[float, Field(ge=0)]] | None = None
+
+    @field_validator("weights")
+    @classmethod
+    def _weights_match_values(cls, v: list[float] | None, info: ValidationInfo) -> list[float] | None:
+        values = info.data.get("values")
+        if v is not None and values is not None and len(v) != len(values):
+            raise ValueError(f"has {len(v)} entries but values has {len(values)}")
+        if v is not None and sum(v) <= 0:
+            raise ValueError("must not all be zero")
+        return v
+
+
+LengthDist = Annotated[
+    Union[FixedLength, UniformLength, NormalLength, LognormalLength, ZipfLength, EmpiricalLength],
+    Field(discriminator="dist"),
+]
+
+
+class PrefixSpec(_Strict):
+    """A `fraction` of requests starts with one of `groups` shared prefixes of `tokens` tokens."""
+
+    groups: Count
+    tokens: Count
+    fraction: Annotated[float, Field(ge=0, le=1)]
+
+
+class WorkloadSpec(_Strict):
+    """One workload file. `length_scale` multiplies every length (prompts, outputs, prefixes, trace blocks)."""
+
+    name: str | None = None
+    description: str | None = None
+    seed: Annotated[int, Field(ge=0)] = 0
+    num_requests: Count | None = None
+    duration: PositiveFloat | None = None
+    arrival: Arrival
+    prompt_tokens: LengthDist | None = None
+    output_tokens: LengthDist | None = None
+    prefix: PrefixSpec | None = None
+    length_scale: PositiveFloat = 1.0
