@@ -12,7 +12,7 @@ from tqdm import tqdm
 from engine.core.sampling_params import SamplingParams
 from engine.llm_engine import LLMEngine
 
-DEFAULT_WORKLOAD = Path(__file__).resolve().parent.parent / "workloads" / "bursty.yaml"
+from workloads import DEFAULT_WORKLOAD
 # What the default workload is cut to on a CPU, so `engine run` finishes in well under a minute there.
 CPU_SCALE = {"num_requests": 48, "length_factor": 0.125}
 

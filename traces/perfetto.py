@@ -2,7 +2,8 @@
 
 Layout, per trace (one process each, `pid` = position + 1, named "<directory> (<source>)"):
 - thread "steps": every step as a complete slice, with its schedule/execute/sample phases nested in it
-  (laid end to end from the step's start, from the durations in the steps table);
+  (laid end to end from the step's start, from the durations in the steps table; a missing duration
+  ends the chain, a zero one is skipped);
 - threads "prefill", "decode", "mixed": each step again, on the track of its batch's composition
   (prefill tokens only, decode tokens only, or both; steps that scheduled nothing appear only on "steps");
 - thread "preemptions": an instant per preemption, at the start of the step that preempted;
@@ -11,7 +12,10 @@ Layout, per trace (one process each, `pid` = position + 1, named "<directory> (<
   (prefill, decode) — each as recorded for its step, sampled at the step's start;
 - async slices (cat "request"), one per request from arrival to finish, with "queued", "prefill" and
   "decode" nested in it. A request that never finished ends at its last known time: the latest of its
-  own timestamps and the end of the last step that scheduled or preempted it.
+  own timestamps and the end of the last step that scheduled or preempted it. They pair by a
+  process-local id (`id2: {"local": request_id}`): Perfetto files async slices with a plain `id` on
+  global tracks, away from their process. All are named "request" (the id is in args) so Perfetto
+  packs them into one group of reusable lanes rather than one track per request.
 Times are microseconds since the run's start, snapped to whole nanoseconds so that nesting is exact.
 """
 from __future__ import annotations
@@ -25,7 +29,7 @@ import pandas as pd
 
 from traces.reader import Trace, load
 
-STEPS_TID, PREFILL_TID, DECODE_TID, MIXED_TID, PREEMPT_TID, STARTUP_TID, REQUEST_TID = 1, 2, 3, 4, 5, 6, 0
+STEPS_TID, PREFILL_TID, DECODE_TID, MIXED_TID, PREEMPT_TID, STARTUP_TID = 1, 2, 3, 4, 5, 6
 THREADS = {STEPS_TID: "steps", PREFILL_TID: "prefill", DECODE_TID: "decode", MIXED_TID: "mixed",
            PREEMPT_TID: "preemptions", STARTUP_TID: "startup"}
 PHASES = (("schedule", "schedule_time"), ("execute", "execute_time"), ("sample", "sample_time"))
@@ -112,7 +116,9 @@ def _step_events(pid: int, steps: pd.DataFrame) -> list[dict[str, Any]]:
         t = start
         for phase, col in PHASES:
             dur = _ns(row.get(col))
-            if dur is None or dur <= 0 or t >= end:
+            if dur is None:  # the later phases' places are unknown too
+                break
+            if dur <= 0 or t >= end:
                 continue
             events.append(_slice(pid, STEPS_TID, phase, t, min(t + dur, end), cat="phase"))
             t = min(t + dur, end)
@@ -158,9 +164,9 @@ def _request_events(pid: int, trace: Trace) -> list[dict[str, Any]]:
             known = [m for m in (arrival, *marks[:2], _ns(row.get("queued")), last_seen.get(rid)) if m is not None]
             end = max(known)
         end = max(end, arrival)
-        base = {"pid": pid, "tid": REQUEST_TID, "cat": "request", "id": f"{pid}:{rid}"}
+        base = {"pid": pid, "tid": STEPS_TID, "cat": "request", "id2": {"local": rid}}
         args = _args([("request_id", rid), *((k, row.get(k)) for k in REQUEST_ARGS)])
-        events.append({**base, "ph": "b", "name": f"request {rid}", "ts": _us(arrival), "args": args})
+        events.append({**base, "ph": "b", "name": "request", "ts": _us(arrival), "args": args})
         bounds, prev = [arrival, *marks[:2], end], arrival
         for name, lo, hi in zip(("queued", "prefill", "decode"), bounds, bounds[1:]):
             if lo is None:
@@ -172,7 +178,7 @@ def _request_events(pid: int, trace: Trace) -> list[dict[str, Any]]:
             events.append({**base, "ph": "e", "name": name, "ts": _us(hi)})
             if hi == end:
                 break
-        events.append({**base, "ph": "e", "name": f"request {rid}", "ts": _us(end)})
+        events.append({**base, "ph": "e", "name": "request", "ts": _us(end)})
     return events
 
 
