@@ -59,12 +59,20 @@ class ModelRunner:
         self.sampler(logits, build_sampling_metadata([_PROFILE_PARAMS] * rows, {}, self.device))
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
-        """One (2, num_blocks, block_size, kv_heads, head_size) tensor per layer, bound to its layer."""
+        """One (2, num_blocks, block_size, kv_heads, head_size) tensor per layer, bound to its layer.
+
+        The backend is chosen again here, now that block size, dtype and head size are all known
+        (flash-attn, for one, needs large blocks)."""
+        from engine.model_executor.attention import get_attn_backend
+
         spec = self.get_kv_cache_spec()
+        backend = get_attn_backend(self.config.device_config.attention_backend, self.device,
+                                   block_size=self.block_size, dtype=self.dtype, head_size=spec.head_size)
         layers = self.model.attention_layers()
-        shape = layers[0].backend.get_kv_cache_shape(num_blocks, self.block_size, spec.num_kv_heads, spec.head_size)
+        shape = backend.get_kv_cache_shape(num_blocks, self.block_size, spec.num_kv_heads, spec.head_size)
         self.kv_caches = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in layers]
         for layer, cache in zip(layers, self.kv_caches):
+            layer.backend = backend
             layer.kv_cache = cache
 
     @torch.inference_mode()

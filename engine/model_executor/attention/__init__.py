@@ -1,21 +1,115 @@
-"""Attention backend selection; every backend shares the (2, blocks, block_size, kv_heads, head_size) cache layout."""
+"""Attention backend selection; every backend shares the (2, blocks, block_size, kv_heads, head_size) cache layout.
+
+Triton and flash-attn modules are imported only when chosen, so torch-only runs never load them
+and a test can set TRITON_INTERPRET=1 before the Triton kernels are defined.
+"""
 from __future__ import annotations
+
+import importlib.util
+import os
+from typing import Protocol
 
 import torch
 
 from engine.model_executor.attention.torch_backend import TorchAttentionBackend
+from engine.model_executor.forward_context import AttentionMetadata
 
-# Names that will get their own backend module; listed so a request for them fails clearly until then.
-_PLANNED = ("triton", "flash-attn")
+BACKEND_NAMES = ("auto", "torch", "triton", "flash-attn")
 
 
-def get_attn_backend(name: str, device: torch.device | str) -> type[TorchAttentionBackend]:
-    """Resolve a backend name ("auto", "torch") for `device`; "auto" picks the best one available there."""
+class AttentionBackend(Protocol):
+    """What the layer and the runner call; backends are classes of static methods."""
+
+    name: str
+
+    @staticmethod
+    def get_kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_size: int) -> tuple[int, ...]: ...
+
+    @staticmethod
+    def reshape_and_cache(
+        key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor
+    ) -> None: ...
+
+    @staticmethod
+    def forward(
+        q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor | None,
+        meta: AttentionMetadata | None, scale: float,
+    ) -> torch.Tensor: ...
+
+
+class AttentionBackendUnavailableError(NotImplementedError):
+    """A known backend that cannot run here (missing package, wrong device, unmet constraint).
+
+    It subclasses NotImplementedError, what asking for a not-yet-built backend raised before.
+    """
+
+
+def _triton_unavailable_reason(device: torch.device, head_size: int | None) -> str | None:
+    if importlib.util.find_spec("triton") is None:
+        return "triton is not installed"
+    if head_size is not None and (head_size < 16 or head_size & (head_size - 1)):
+        return f"the triton backend needs a power-of-two head size >= 16, got {head_size}"
+    if device.type == "cuda":
+        return None
+    if os.environ.get("TRITON_INTERPRET", "0").lower() not in ("1", "true", "on", "yes"):
+        return f"the triton backend runs on CUDA; on {device.type} it needs TRITON_INTERPRET=1 (tests only)"
+    from engine.model_executor.attention import triton_backend
+
+    if not triton_backend.kernels_interpreted():
+        return "the triton kernels were imported before TRITON_INTERPRET=1 was set; set it before importing them"
+    return None
+
+
+def _flash_attn_unavailable_reason(
+    device: torch.device, block_size: int | None, dtype: torch.dtype | None, head_size: int | None
+) -> str | None:
+    if device.type != "cuda":
+        return f"flash-attn runs only on CUDA, not {device.type}"
+    if importlib.util.find_spec("flash_attn") is None:
+        return "flash-attn is not installed"
+    from engine.model_executor.attention import flash_attn_backend
+
+    return flash_attn_backend.unsupported_reason(block_size, dtype, head_size)
+
+
+def get_attn_backend(
+    name: str,
+    device: torch.device | str,
+    *,
+    block_size: int | None = None,
+    dtype: torch.dtype | None = None,
+    head_size: int | None = None,
+) -> type[AttentionBackend]:
+    """Resolve a backend name for `device`; the keyword facts, when known, let "auto" avoid unmet constraints.
+
+    "auto": flash-attn on CUDA when importable and block_size is known to be a multiple of 256,
+    else triton on CUDA, else torch. An explicit name that cannot run here raises
+    AttentionBackendUnavailableError saying why.
+    """
+    device = torch.device(device)
     if name == "auto":
-        # Once the triton / flash-attn backends exist, CUDA devices will prefer them here.
-        name = "torch"
+        if device.type != "cuda":
+            name = "torch"
+        elif block_size is not None and _flash_attn_unavailable_reason(device, block_size, dtype, head_size) is None:
+            name = "flash-attn"
+        elif _triton_unavailable_reason(device, head_size) is None:
+            name = "triton"
+        else:
+            name = "torch"
     if name == "torch":
         return TorchAttentionBackend
-    if name in _PLANNED:
-        raise NotImplementedError(f"attention backend {name!r} is not implemented yet; use 'torch' or 'auto'")
-    raise ValueError(f"unknown attention backend {name!r}; valid: 'auto', 'torch'")
+    if name == "triton":
+        reason = _triton_unavailable_reason(device, head_size)
+        if reason is not None:
+            raise AttentionBackendUnavailableError(reason)
+        from engine.model_executor.attention.triton_backend import TritonAttentionBackend
+
+        return TritonAttentionBackend
+    if name == "flash-attn":
+        reason = _flash_attn_unavailable_reason(device, block_size, dtype, head_size)
+        if reason is not None:
+            raise AttentionBackendUnavailableError(reason)
+        from engine.model_executor.attention.flash_attn_backend import FlashAttentionBackend
+
+        return FlashAttentionBackend
+    raise ValueError(f"unknown attention backend {name!r}; valid: {', '.join(map(repr, BACKEND_NAMES))}")

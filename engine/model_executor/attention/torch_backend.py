@@ -24,16 +24,6 @@ def reshape_and_cache(
     flat[1].index_copy_(0, slots, value[:num_tokens][valid].to(kv_cache.dtype))
 
 
-def _expand_kv(x: torch.Tensor, num_heads: int) -> torch.Tensor:
-    """[L, kvh, d] -> [nh, L, d], repeating each kv head for the query heads of its group (GQA)."""
-    length, num_kv_heads, head_size = x.shape
-    group = num_heads // num_kv_heads
-    x = x.transpose(0, 1)
-    if group == 1:
-        return x
-    return x[:, None].expand(num_kv_heads, group, length, head_size).reshape(num_heads, length, head_size)
-
-
 def causal_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, context_len: int = 0
 ) -> torch.Tensor:
@@ -42,14 +32,15 @@ def causal_attention(
     num_k = k.shape[0]
     assert num_k == context_len + num_q, (num_k, context_len, num_q)
     qf = q.transpose(0, 1).float()
-    kf = _expand_kv(k.float(), num_heads)
-    vf = _expand_kv(v.float(), num_heads)
+    kf = k.transpose(0, 1).float()
+    vf = v.transpose(0, 1).float()
+    gqa = num_heads != k.shape[1]
     if context_len == 0:
-        out = F.scaled_dot_product_attention(qf, kf, vf, is_causal=True, scale=scale)
+        out = F.scaled_dot_product_attention(qf, kf, vf, is_causal=True, scale=scale, enable_gqa=gqa)
     else:
         q_pos = torch.arange(context_len, num_k, device=q.device)
         mask = torch.arange(num_k, device=q.device)[None, :] <= q_pos[:, None]
-        out = F.scaled_dot_product_attention(qf, kf, vf, attn_mask=mask, scale=scale)
+        out = F.scaled_dot_product_attention(qf, kf, vf, attn_mask=mask, scale=scale, enable_gqa=gqa)
     return out.transpose(0, 1).to(q.dtype)
 
 
@@ -61,20 +52,20 @@ def paged_decode(
     max_seq_len: int,
     scale: float,
 ) -> torch.Tensor:
-    """All single-token queries at once: gather their blocks, mask past seq_len, attend per kv group."""
+    """All single-token queries at once: gather their blocks, mask past seq_len, one fused SDPA call
+    with grouped-query heads (no K/V repeat)."""
     num_seqs, num_heads, head_size = q.shape
     block_size, num_kv_heads = kv_cache.shape[2], kv_cache.shape[3]
     num_blocks = -(-max_seq_len // block_size)
     length = num_blocks * block_size
     idx = block_tables[:, :num_blocks].long()
-    k = kv_cache[0][idx].reshape(num_seqs, length, num_kv_heads, head_size).float()
-    v = kv_cache[1][idx].reshape(num_seqs, length, num_kv_heads, head_size).float()
-    qf = q.float().view(num_seqs, num_kv_heads, num_heads // num_kv_heads, head_size)
-    scores = torch.einsum("nhgd,nlhd->nhgl", qf, k) * scale
-    beyond = torch.arange(length, device=q.device)[None, :] >= seq_lens[:, None]
-    scores.masked_fill_(beyond[:, None, None, :], float("-inf"))
-    out = torch.einsum("nhgl,nlhd->nhgd", scores.softmax(dim=-1), v)
-    return out.reshape(num_seqs, num_heads, head_size).to(q.dtype)
+    k = kv_cache[0][idx].view(num_seqs, length, num_kv_heads, head_size).transpose(1, 2).float()
+    v = kv_cache[1][idx].view(num_seqs, length, num_kv_heads, head_size).transpose(1, 2).float()
+    valid = torch.arange(length, device=q.device)[None, :] < seq_lens[:, None]
+    out = F.scaled_dot_product_attention(q.float().view(num_seqs, num_heads, 1, head_size), k, v,
+                                         attn_mask=valid[:, None, None, :], scale=scale,
+                                         enable_gqa=num_heads != num_kv_heads)
+    return out.view(num_seqs, num_heads, head_size).to(q.dtype)
 
 
 def _gather_context(

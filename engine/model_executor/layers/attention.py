@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from engine.model_executor.attention import get_attn_backend
+from engine.model_executor.attention.torch_backend import TorchAttentionBackend
 from engine.model_executor.forward_context import get_forward_context
 
 
@@ -12,6 +12,8 @@ class Attention(nn.Module):
     """Paged attention over this layer's `kv_cache`, which the runner binds after allocating it.
 
     Step metadata comes from the forward context, so the model forward stays (input_ids, positions).
+    The layer starts on the torch reference backend; the runner binds the chosen one (`backend_name`)
+    together with the cache, once block size and dtype are known.
     """
 
     def __init__(
@@ -21,7 +23,6 @@ class Attention(nn.Module):
         scale: float,
         num_kv_heads: int,
         backend: str = "auto",
-        device: torch.device | str | None = None,
         layer_idx: int = 0,
     ) -> None:
         super().__init__()
@@ -31,8 +32,8 @@ class Attention(nn.Module):
         self.num_kv_heads = num_kv_heads
         self.scale = scale
         self.layer_idx = layer_idx
-        device = device if device is not None else torch.get_default_device()
-        self.backend = get_attn_backend(backend, device)
+        self.backend_name = backend
+        self.backend = TorchAttentionBackend
         self.kv_cache: torch.Tensor | None = None
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
