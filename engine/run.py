@@ -10,9 +10,8 @@ from pathlib import Path
 from tqdm import tqdm
 
 from engine.core.sampling_params import SamplingParams
-from engine.llm_engine import LLMEngine
-
 from workloads import DEFAULT_WORKLOAD
+
 # What the default workload is cut to on a CPU, so `engine run` finishes in well under a minute there.
 CPU_SCALE = {"num_requests": 48, "length_factor": 0.125}
 
@@ -25,7 +24,7 @@ class RunResult:
     wall_time: float
 
 
-def run_workload(engine: LLMEngine, workload, time_scale: float = 1.0, max_requests: int | None = None,
+def run_workload(engine, workload, time_scale: float = 1.0, max_requests: int | None = None,
                  progress: bool = True) -> RunResult:
     """Drive the engine with the workload; Ctrl-C stops submitting and ends the run cleanly."""
     vocab = engine.config.model_config.hf_config.vocab_size
@@ -71,6 +70,8 @@ def main_run(args) -> int:
         raise ValueError(f"--max-requests: must be >= 1, got {args.max_requests}")
     workload_path = Path(args.workload) if args.workload else DEFAULT_WORKLOAD
     workload = load_workload(workload_path)
+    from engine.llm_engine import LLMEngine  # after the cheap checks: it loads torch and transformers
+
     engine_args = EngineArgs.from_cli_args(args)
     tmp = None
     if engine_args.trace is None:

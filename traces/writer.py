@@ -10,6 +10,8 @@ from typing import Any, TextIO
 
 from traces.schema import FORMAT_VERSION, META_FILE, TABLES, parquet_file, stream_file
 
+_encode = json.JSONEncoder(separators=(",", ":")).encode
+
 
 def package_versions() -> dict[str, str]:
     from importlib import metadata
@@ -46,7 +48,7 @@ class TraceWriter:
 
     def write_rows(self, table: str, rows: list[dict[str, Any]]) -> None:
         if rows:
-            self._files[table].write("".join(json.dumps(r, separators=(",", ":")) + "\n" for r in rows))
+            self._files[table].write("\n".join(map(_encode, rows)) + "\n")
 
     def flush(self) -> None:
         """Push buffered rows to the OS: after this a SIGKILL loses nothing already written."""

@@ -113,8 +113,12 @@ class ModelRunner:
         if so.total_num_scheduled_tokens == 0:
             self._pending = None
             return
-        items = sorted(so.num_scheduled_tokens.items(), key=lambda kv: kv[1] != 1)
-        states = [self.requests[rid] for rid, _ in items]
+        # Decodes first (attention treats them as one group), ordered by context length so that
+        # neighbours need similar padding.
+        reqs = self.requests
+        items = sorted(so.num_scheduled_tokens.items(),
+                       key=lambda kv: (kv[1] != 1, reqs[kv[0]].num_computed_tokens))
+        states = [reqs[rid] for rid, _ in items]
         batch = build_batch(states, [n for _, n in items], self.block_size)
         meta = self._metadata(batch)
         with set_forward_context(meta):

@@ -44,6 +44,9 @@ def causal_attention(
     return out.transpose(0, 1).to(q.dtype)
 
 
+DECODE_GROUP = 8
+
+
 def paged_decode(
     q: torch.Tensor,
     kv_cache: torch.Tensor,
@@ -107,9 +110,13 @@ def forward(
     nd = meta.num_decodes
     if nd:
         assert meta.num_decode_tokens == nd, "decode sequences must have query length 1"
-        out[:nd] = paged_decode(
-            q[:nd], kv_cache, meta.block_tables[:nd], meta.seq_lens[:nd], max(meta.seq_lens_cpu[:nd]), scale
-        )
+        # Contiguous groups, each padded only to its own longest context: with decodes ordered by
+        # length (the runner does this) padding, and so wasted attention work, stays small.
+        lens = meta.seq_lens_cpu
+        for a in range(0, nd, DECODE_GROUP):
+            b = min(a + DECODE_GROUP, nd)
+            out[a:b] = paged_decode(q[a:b], kv_cache, meta.block_tables[a:b], meta.seq_lens[a:b],
+                                    max(lens[a:b]), scale)
     for i in range(nd, meta.num_seqs):
         s, e, seq_len = qsl[i], qsl[i + 1], meta.seq_lens_cpu[i]
         context_len = seq_len - (e - s)
