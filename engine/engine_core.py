@@ -2,6 +2,7 @@
 each `step` is schedule -> execute -> sample -> update, on the shared engine.core scheduler."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import time
@@ -51,9 +52,8 @@ class EngineCore:
         self.t0 = clock()
         # (name, start, end) on `clock`: the children of the "Prepare model" span.
         self.startup_phases: list[tuple[str, float, float]] = []
-        start = clock()
-        self.executor = UniProcExecutor(config)
-        self.startup_phases.append(("load weights", start, clock()))
+        with self._phase("load weights"):
+            self.executor = UniProcExecutor(config)
         self.kv_report = self._initialize_kv_caches()
         config.cache_config.num_gpu_blocks = self.kv_report.num_blocks
         self.scheduler = Scheduler(config.scheduler_config, config.cache_config, clock)
@@ -61,25 +61,42 @@ class EngineCore:
         self.num_preemptions = 0
         self.trace = None
 
+    @contextlib.contextmanager
+    def _phase(self, name: str):
+        """Time one start-up phase for the "Prepare model" span (a phase that yields [False] is left
+        out) and turn a device out-of-memory into advice on which flag to change."""
+        start = self.clock()
+        outcome: list[bool] = []
+        try:
+            yield outcome
+        except Exception as e:
+            if type(e).__name__ == "OutOfMemoryError":
+                raise ValueError(
+                    f"{name}: out of device memory; lower --gpu-memory-utilization, --max-num-batched-tokens, "
+                    f"--max-num-seqs or --max-model-len (or set --num-gpu-blocks-override / --enforce-eager)"
+                ) from None
+            raise
+        if outcome != [False]:
+            self.startup_phases.append((name, start, self.clock()))
+
     def _initialize_kv_caches(self) -> KVCacheReport:
         from engine.model_executor.loader import kv_bytes_per_block
         from engine.worker.model_runner import _DTYPES
 
         cc, mc = self.config.cache_config, self.config.model_config
-        start = self.clock()
-        spec = self.executor.collective_rpc("get_kv_cache_spec")[0]
-        per_block = kv_bytes_per_block(spec, cc.block_size, _DTYPES[mc.dtype])
-        if cc.num_gpu_blocks_override is not None:
-            num_blocks, how = cc.num_gpu_blocks_override, "--num-gpu-blocks-override"
-        elif self.config.device_config.device.startswith("cuda") and cc.kv_cache_memory is None:
-            mem = self.executor.collective_rpc("determine_available_memory")[0]
-            num_blocks = max(mem["available"], 0) // per_block
-            how = (f"({mem['free_at_start'] / 2**30:.2f} GiB free x {mem['utilization']} - "
-                   f"{mem['peak'] / 2**30:.2f} GiB peak) / {per_block / 2**10:.0f} KiB per block")
-        else:
-            budget = cc.kv_cache_memory or DEFAULT_CPU_KV_CACHE_MEMORY
-            num_blocks, how = budget // per_block, f"{budget / 2**30:.2f} GiB / {per_block / 2**10:.0f} KiB per block"
-        self.startup_phases.append(("profile memory and size KV cache", start, self.clock()))
+        with self._phase("profile memory and size KV cache"):
+            spec = self.executor.collective_rpc("get_kv_cache_spec")[0]
+            per_block = kv_bytes_per_block(spec, cc.block_size, _DTYPES[mc.dtype])
+            if cc.num_gpu_blocks_override is not None:
+                num_blocks, how = cc.num_gpu_blocks_override, "--num-gpu-blocks-override"
+            elif self.config.device_config.device.startswith("cuda") and cc.kv_cache_memory is None:
+                mem = self.executor.collective_rpc("determine_available_memory")[0]
+                num_blocks = max(mem["available"], 0) // per_block
+                how = (f"({mem['free_at_start'] / 2**30:.2f} GiB free x {mem['utilization']} - "
+                       f"{mem['peak'] / 2**30:.2f} GiB peak) / {per_block / 2**10:.0f} KiB per block")
+            else:
+                budget = cc.kv_cache_memory or DEFAULT_CPU_KV_CACHE_MEMORY
+                num_blocks, how = budget // per_block, f"{budget / 2**30:.2f} GiB / {per_block / 2**10:.0f} KiB per block"
         max_len = self.config.scheduler_config.max_model_len
         need = -(-max_len // cc.block_size) + 1
         if num_blocks < need:
@@ -87,12 +104,12 @@ class EngineCore:
                 f"KV cache: {num_blocks} blocks ({max(num_blocks - 1, 0) * cc.block_size} tokens) cannot hold one "
                 f"max_model_len={max_len} sequence; raise --kv-cache-memory, --gpu-memory-utilization or "
                 f"--num-gpu-blocks-override, or lower --max-model-len")
-        start = self.clock()
-        self.executor.collective_rpc("initialize_cache", num_blocks)
-        self.startup_phases.append(("allocate KV cache", start, self.clock()))
-        start = self.clock()
-        self.executor.collective_rpc("compile_or_warm_up_model")
-        self.startup_phases.append(("warm up", start, self.clock()))
+        with self._phase("allocate KV cache"):
+            self.executor.collective_rpc("initialize_cache", num_blocks)
+        with self._phase("warm up"):
+            self.executor.collective_rpc("compile_or_warm_up_model")
+        with self._phase("capture CUDA graphs") as captured:
+            captured.append(self.executor.collective_rpc("capture_cudagraphs")[0])
         report = KVCacheReport(num_blocks, cc.block_size, per_block, (num_blocks - 1) * cc.block_size / max_len, how)
         logger.info("KV cache: %d blocks of %d tokens (%d tokens, %.2f GiB) = %s; max concurrency at "
                     "max_model_len %d: %.2fx", num_blocks, cc.block_size, report.num_tokens,

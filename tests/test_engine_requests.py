@@ -84,3 +84,17 @@ def test_outputs_come_back_in_prompt_order(llm):
     prompts = [{"prompt_token_ids": [5] * n} for n in (40, 3, 20, 1)]
     outs = llm.generate(prompts, SamplingParams(max_tokens=2, temperature=0.0), use_tqdm=False)
     assert [len(o.prompt_token_ids) for o in outs] == [40, 3, 20, 1]
+
+
+def test_out_of_memory_at_start_up_names_the_flags_to_change(monkeypatch):
+    from engine.worker.worker import Worker
+
+    class OutOfMemoryError(RuntimeError):
+        pass
+
+    def boom(self, num_blocks):
+        raise OutOfMemoryError("CUDA out of memory. Tried to allocate 80 GiB")
+
+    monkeypatch.setattr(Worker, "initialize_cache", boom)
+    with pytest.raises(ValueError, match="allocate KV cache: out of device memory; lower --gpu-memory-utilization"):
+        LLM(device="cpu", kv_cache_memory=16 << 20, max_model_len=128)

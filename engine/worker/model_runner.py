@@ -11,6 +11,7 @@ from engine.core.sched_output import SchedulerOutput
 from engine.model_executor.forward_context import AttentionMetadata, set_forward_context
 from engine.model_executor.layers.sampler import Sampler, build_sampling_metadata
 from engine.model_executor.loader import KVCacheSpec, kv_cache_spec, load_model
+from engine.worker.cuda_graphs import GRAPH_BACKENDS, DecodeGraphs
 from engine.worker.input_batch import BatchInputs, CachedRequestState, build_batch
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -27,6 +28,7 @@ class ModelRunner:
         self.model: torch.nn.Module | None = None
         self.kv_caches: list[torch.Tensor] = []
         self._pending: tuple[BatchInputs, torch.Tensor | None] | None = None
+        self.graphs: DecodeGraphs | None = None
 
     # ---- start-up --------------------------------------------------------------------------------
     def load_model(self) -> None:
@@ -84,6 +86,16 @@ class ModelRunner:
         with set_forward_context(self._metadata(batch)):
             self.model(*self._inputs(batch))
 
+    def capture_cudagraphs(self) -> bool:
+        """Capture decode graphs on CUDA unless --enforce-eager or the backend syncs with the host."""
+        backend = self.model.attention_layers()[0].backend.name
+        if self.device.type != "cuda" or self.config.device_config.enforce_eager or backend not in GRAPH_BACKENDS:
+            return False
+        sc = self.config.scheduler_config
+        self.graphs = DecodeGraphs(self.model, self.device, sc.max_num_seqs, sc.max_model_len, self.block_size)
+        self.graphs.capture()
+        return True
+
     # ---- one step --------------------------------------------------------------------------------
     def _update_states(self, so: SchedulerOutput) -> None:
         for rid in so.finished_req_ids:
@@ -120,9 +132,13 @@ class ModelRunner:
                        key=lambda kv: (kv[1] != 1, reqs[kv[0]].num_computed_tokens))
         states = [reqs[rid] for rid, _ in items]
         batch = build_batch(states, [n for _, n in items], self.block_size)
-        meta = self._metadata(batch)
-        with set_forward_context(meta):
-            hidden = self.model(*self._inputs(batch))
+        num_tokens = len(batch.input_ids)
+        if self.graphs is not None and self.graphs.can_run(num_tokens, batch.num_decodes == len(states)):
+            hidden = self.graphs.run(batch.input_ids, batch.positions, batch.slot_mapping, batch.seq_lens,
+                                     batch.block_table)
+        else:
+            with set_forward_context(self._metadata(batch)):
+                hidden = self.model(*self._inputs(batch))
         logits = None
         if batch.sample_rows:
             last = np.cumsum(batch.query_lens)[batch.sample_rows] - 1

@@ -73,6 +73,9 @@ class Worker:
     def compile_or_warm_up_model(self) -> None:
         self.model_runner.warm_up()
 
+    def capture_cudagraphs(self) -> bool:
+        return self.model_runner.capture_cudagraphs()
+
     def set_sync_timing(self, enabled: bool) -> None:
         """When traced, wait for the device after the forward so the execute span covers the GPU work."""
         self.sync_timing = enabled

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The one prepared device check, under 8 minutes on one H200:
+#   1. the gpu-marked tests (greedy output vs transformers on CUDA, Triton/flash-attn vs the torch reference,
+#      CUDA graphs vs eager, KV sizing from --gpu-memory-utilization);
+#   2. the throughput benchmark in nano-vllm's shape (Qwen3-0.6B shape, dummy weights, 256 sequences,
+#      input and output lengths random in 100-1024, ignore_eos), and vLLM's when it is importable;
+#   3. an engine trace of workloads/bursty.yaml, for the simulator's calibration (packed into $OUT).
+# Missing pure-Python packages travel as wheels in .whl/ (bench/fetch_gpu_wheels.sh, run beforehand).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/gpu_check}
+mkdir -p "$OUT"
+export PYTHONPATH=$PWD
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=/tmp/site:$PWD
+fi
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+
+echo "== 1. gpu tests"
+timeout 240 python3 -m pytest -q -m gpu -p no:cacheprovider tests/ 2>&1 | tail -30
+
+echo "== 2. throughput"
+timeout 200 python3 bench/throughput.py --device cuda --model qwen3-0.6b --num-seqs 256 \
+  --min-len 100 --max-len 1024 --min-out 100 --max-out 1024 --max-model-len 4096 --max-num-batched-tokens 16384 \
+  --skip-transformers --repeats 2 2>&1 | grep -v Warning
+
+echo "== 3. bursty trace"
+timeout 150 python3 -m engine.cli run --workload workloads/bursty.yaml --model qwen3-0.6b --max-model-len 8192 \
+  --trace "$OUT/bursty_h200" --max-requests 200 --no-progress 2>&1 | tail -12
+tar czf "$OUT/bursty_h200.tgz" -C "$OUT" bursty_h200 && rm -rf "$OUT/bursty_h200"
+ls -la "$OUT"
