@@ -33,6 +33,9 @@ class PrefixCacheStats:
         return self.hits / self.queries if self.queries else 0.0
 
 
+_NO_BLOCKS: list[KVCacheBlock] = []  # shared by callers that only read it: nothing newly allocated
+
+
 class KVCacheManager:
     """Full-attention KV cache manager: one block list per request, hashes from the request.
 
@@ -86,6 +89,13 @@ class KVCacheManager:
         so the caller can preempt and retry.
         """
         req_blocks = self.req_to_blocks.get(request.request_id)
+        if req_blocks is not None and not new_computed_blocks and not num_lookahead_tokens:
+            # The common decode case: the held blocks have room, nothing to allocate or touch.
+            end = request.num_computed_tokens + num_new_tokens
+            if len(req_blocks) * self.block_size >= end:
+                if self.enable_caching and end // self.block_size > self.num_cached_block[request.request_id]:
+                    self._cache_blocks(request, req_blocks, min(end, len(request.all_token_ids)))
+                return _NO_BLOCKS
         num_held = len(req_blocks) if req_blocks is not None else 0
         num_computed = request.num_computed_tokens + num_new_computed_tokens
         num_needed_tokens = min(num_computed + num_new_tokens + num_lookahead_tokens, self.max_model_len)

@@ -102,10 +102,13 @@ class Scheduler:
         i = 0
         while i < len(running) and budget > 0:
             req = running[i]
-            n = req.num_tokens - req.num_computed_tokens
+            n = len(req.all_token_ids) - req.num_computed_tokens
             if 0 < threshold < n:
                 n = threshold
-            n = min(n, budget, max_model_len - req.num_computed_tokens)
+            if n > budget:
+                n = budget
+            if n > max_model_len - req.num_computed_tokens:
+                n = max_model_len - req.num_computed_tokens
             if n <= 0:
                 i += 1
                 continue
@@ -264,11 +267,12 @@ class Scheduler:
         return EngineCoreOutputs(outputs, self.make_stats())
 
     def _check_stop(self, req: Request) -> bool:
-        if req.num_tokens >= self.max_model_len or req.num_output_tokens >= req.max_tokens:
+        num_outputs = len(req.output_token_ids)
+        if len(req.all_token_ids) >= self.max_model_len or num_outputs >= req.max_tokens:
             req.status = RequestStatus.FINISHED_LENGTH_CAPPED
             return True
         params = req.sampling_params
-        if req.num_output_tokens < params.min_tokens:
+        if num_outputs < params.min_tokens:
             return False
         last = req.output_token_ids[-1]
         if not params.ignore_eos and last == req.eos_token_id:
