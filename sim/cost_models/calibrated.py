@@ -1,0 +1,221 @@
+"""Step time as a non-negative linear law in the batch's shape, fitted to measured engine steps:
+
+    step_time = c0 + c_p * prefill_tokens + c_d * decode_tokens + c_ctx * context_tokens
+                + c_attn * prefill_attention + c_seq * num_seqs
+
+Each term is a physical cost (fixed launch/weight read, per-token matmuls, KV reads, causal attention,
+per-sequence bookkeeping), so a cost can never be negative: the fit is NNLS, not plain least squares.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sim.batch import StepBatch
+
+PROFILE_KIND = "stepscope-cost-profile"
+PROFILE_FORMAT_VERSION = 1
+COEFFICIENTS = ("c0", "c_p", "c_d", "c_ctx", "c_attn", "c_seq")
+UNITS = {"c0": "s/step", "c_p": "s/prefill token", "c_d": "s/decode token", "c_ctx": "s/context token",
+         "c_attn": "s/prefill attention pair", "c_seq": "s/sequence"}
+
+
+def features(batch: StepBatch) -> list[float]:
+    """The regressors of one step, in COEFFICIENTS order."""
+    return [1.0, float(batch.num_prefill_tokens), float(batch.num_decode_tokens), float(batch.context_tokens),
+            float(batch.prefill_attention), float(batch.num_seqs)]
+
+
+def design_matrix(batches: list[StepBatch]) -> np.ndarray:
+    return np.array([features(b) for b in batches], dtype=float).reshape(-1, len(COEFFICIENTS))
+
+
+def nnls(a: np.ndarray, b: np.ndarray, max_iter: int | None = None) -> np.ndarray:
+    """min ||a x - b|| subject to x >= 0, by the Lawson-Hanson active-set method: grow the set of free
+    (positive) variables by the steepest feasible gradient, stepping back whenever a free one would
+    turn negative."""
+    m, n = a.shape
+    if m > n:
+        # Same minimiser on an n-row system with the same Gram matrix (a'a = v lam v'), so a long
+        # trace costs one pass over its rows: ||a x - b||^2 = ||r x - c||^2 + const.
+        lam, v = np.linalg.eigh(a.T @ a)
+        pos = lam > lam.max(initial=0.0) * 1e-14
+        root = np.sqrt(lam[pos])
+        a, b = root[:, None] * v[:, pos].T, (v[:, pos].T @ (a.T @ b)) / root
+        m = len(b)
+    x = np.zeros(n)
+    free = np.zeros(n, dtype=bool)
+    tol = 10 * np.finfo(float).eps * max(m, n) * max(np.abs(a).sum(axis=0).max(initial=0.0), 1.0)
+    w = a.T @ b
+    for _ in range(max_iter or 3 * n + 10):
+        if free.all() or w[~free].max() <= tol:
+            break
+        free[np.argmax(np.where(free, -np.inf, w))] = True
+        while True:
+            s = np.zeros(n)
+            if free.any():
+                s[free] = np.linalg.lstsq(a[:, free], b, rcond=None)[0]
+            if (s[free] > tol).all():
+                break
+            bad = free & (s <= tol)
+            step = x[bad] - s[bad]
+            alpha = np.min(np.divide(x[bad], step, out=np.zeros_like(step), where=step > 0))
+            x = x + alpha * (s - x)
+            free &= x > tol
+            x[~free] = 0.0
+        x = s
+        w = a.T @ (b - a @ x)
+    return x
+
+
+def fit_nnls(x: np.ndarray, y: np.ndarray, robust: bool = True, mad_k: float = 3.0,
+             rounds: int = 10) -> tuple[np.ndarray, np.ndarray]:
+    """Non-negative coefficients and the mask of rows kept. The fit minimises relative error (rows
+    weighted by 1/prediction: step times span orders of magnitude and their noise scales with them).
+    With `robust`, it starts from a least-absolute-deviations fit, which a few wild steps (GC pauses,
+    clock hiccups) cannot drag, then drops rows whose relative residual lies beyond `mad_k` MADs and
+    refits until the kept set settles. Columns that are all zero stay at 0."""
+    keep = y > 0
+    scale = np.linalg.norm(x, axis=0)
+    used = scale > 0
+    if keep.sum() < used.sum():
+        raise ValueError(f"{int(keep.sum())} usable steps cannot fit {int(used.sum())} coefficients")
+    xs = x[:, used] / scale[used]
+    coef = np.zeros(x.shape[1])
+
+    def solve(rows: np.ndarray, mult: np.ndarray) -> np.ndarray:
+        c = np.zeros(x.shape[1])
+        c[used] = nnls(xs[rows] * mult[rows, None], y[rows] * mult[rows]) / scale[used]
+        return c
+
+    floor = 1e-3 * float(np.median(y[keep]))
+    if not robust:
+        coef = solve(keep, 1.0 / np.maximum(y, floor))
+        return solve(keep, 1.0 / np.maximum(x @ coef, floor)), keep
+    coef = solve(keep, np.ones(len(y)))
+    for _ in range(30):
+        # Iteratively reweighted least squares for the L1 fit: weight 1/|residual|.
+        new = solve(keep, 1.0 / np.sqrt(np.maximum(np.abs(y - x @ coef), floor)))
+        done = np.allclose(new, coef, rtol=1e-6, atol=0)
+        coef = new
+        if done:
+            break
+    for _ in range(rounds):
+        pred = np.maximum(x @ coef, floor)
+        r = (y - pred) / pred
+        med = np.median(r[keep])
+        mad = 1.4826 * np.median(np.abs(r[keep] - med))
+        new_keep = (y > 0) & (np.abs(r - med) <= mad_k * max(mad, 1e-9))
+        if new_keep.sum() < used.sum():
+            break
+        stable = (new_keep == keep).all()
+        keep = new_keep
+        coef = solve(keep, 1.0 / pred)
+        if stable:
+            break
+    return coef, keep
+
+
+def error_stats(y: np.ndarray, pred: np.ndarray) -> dict[str, float]:
+    """MAPE, R^2 and the median / 90th percentile absolute percentage error."""
+    ape = np.abs(pred - y) / np.maximum(np.abs(y), 1e-12) * 100
+    ss_tot = float(((y - y.mean()) ** 2).sum())
+    r2 = 1.0 - float(((y - pred) ** 2).sum()) / ss_tot if ss_tot > 0 else float("nan")
+    return {"num_steps": int(len(y)), "mape": float(ape.mean()), "r2": r2,
+            "p50_abs_pct": float(np.percentile(ape, 50)), "p90_abs_pct": float(np.percentile(ape, 90))}
+
+
+def trace_identity(meta: dict[str, Any]) -> dict[str, Any]:
+    """What a trace says about the model, device and KV cache it ran on (for profiles and mismatch checks)."""
+    model = (meta.get("config") or {}).get("model") or {}
+    device = meta.get("device") or {}
+    return {"model": {k: model.get(k) for k in ("model", "source", "architecture", "dtype", "hf_config")},
+            "device": {k: device.get(k) for k in ("type", "name", "memory_bytes", "num_threads")},
+            "kv_cache": meta.get("kv_cache")}
+
+
+def model_label(ident: dict[str, Any]) -> str:
+    m = ident.get("model") or {}
+    return f"{m.get('model') or '?'} ({m.get('architecture') or '?'}, {m.get('dtype') or '?'})"
+
+
+def device_label(ident: dict[str, Any]) -> str:
+    d = ident.get("device") or {}
+    return f"{d.get('type') or '?'} ({d.get('name') or '?'})"
+
+
+def load_profile(path: str | Path) -> dict[str, Any]:
+    """A PROFILE.json, checked; any problem is one ValueError line naming the file and the field."""
+    p = Path(path)
+    try:
+        prof = json.loads(p.read_text())
+    except FileNotFoundError:
+        raise ValueError(f"{p}: no such profile file") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"{p}: cannot read ({e})") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{p}: not valid JSON ({e.msg} at line {e.lineno})") from None
+    if not isinstance(prof, dict) or prof.get("kind") != PROFILE_KIND:
+        raise ValueError(f"{p}: kind: not a stepscope cost profile (write one with `sim calibrate`)")
+    if prof.get("format_version") != PROFILE_FORMAT_VERSION:
+        raise ValueError(f"{p}: format_version is {prof.get('format_version')!r}, "
+                         f"this stepscope reads {PROFILE_FORMAT_VERSION}")
+    coef = prof.get("coefficients")
+    if not isinstance(coef, dict):
+        raise ValueError(f"{p}: coefficients: missing")
+    for name in COEFFICIENTS:
+        value = coef.get(name)
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not value >= 0:
+            raise ValueError(f"{p}: coefficients.{name}: must be a number >= 0, got {value!r}")
+    return prof
+
+
+class CalibratedCostModel:
+    """The fitted law; `load` reads a PROFILE.json written by `sim calibrate`."""
+
+    name = "calibrated"
+
+    def __init__(self, coefficients: dict[str, float], profile: dict[str, Any] | None = None,
+                 path: str | None = None) -> None:
+        self.coefficients = {k: float(coefficients[k]) for k in COEFFICIENTS}
+        self._coef = [self.coefficients[k] for k in COEFFICIENTS]
+        self.profile = profile or {}
+        self.path = path
+
+    @classmethod
+    def load(cls, path: str | Path) -> CalibratedCostModel:
+        prof = load_profile(path)
+        return cls(prof["coefficients"], prof, str(path))
+
+    def step_time(self, batch: StepBatch, step: int) -> float:
+        c0, c_p, c_d, c_ctx, c_attn, c_seq = self._coef
+        return (c0 + c_p * batch.num_prefill_tokens + c_d * batch.num_decode_tokens + c_ctx * batch.context_tokens
+                + c_attn * batch.prefill_attention + c_seq * batch.num_seqs)
+
+    def predict(self, batches: list[StepBatch]) -> np.ndarray:
+        return design_matrix(batches) @ np.array(self._coef)
+
+    def mismatches(self, meta: dict[str, Any]) -> list[str]:
+        """Warnings when a trace's model or device is not the one this profile was fitted on."""
+        ident, mine = trace_identity(meta), {k: self.profile.get(k) or {} for k in ("model", "device")}
+        out = []
+        for key in ("model", "architecture", "dtype"):
+            theirs, ours = ident["model"].get(key), mine["model"].get(key)
+            if theirs and ours and theirs != ours:
+                out.append(f"profile {self.path or ''} was fitted on model {key} {ours!r}, this run uses {theirs!r}")
+        for key in ("type", "name"):
+            theirs, ours = ident["device"].get(key), mine["device"].get(key)
+            if theirs and ours and theirs != ours:
+                out.append(f"profile {self.path or ''} was fitted on device {key} {ours!r}, this run uses {theirs!r}")
+        return out
+
+    def describe(self) -> dict:
+        prof = self.profile
+        model = {k: v for k, v in (prof.get("model") or {}).items() if k != "hf_config"}
+        return {"name": self.name, "path": self.path, "coefficients": dict(self.coefficients), "units": UNITS,
+                "model": model, "device": prof.get("device"), "fit": prof.get("fit"),
+                "leave_one_trace_out": prof.get("leave_one_trace_out"),
+                "traces": [t.get("path") for t in prof.get("traces", [])]}
