@@ -261,28 +261,24 @@ def test_max_model_len_caps_length():
     assert req.num_tokens == 14 and req.status == RequestStatus.FINISHED_LENGTH_CAPPED
 
 
-def test_priority_orders_waiting_requests_lowest_value_first():
+def _admission_order(priorities, arrival_times):
+    """Requests admitted one at a time (max_num_seqs=1) under the priority policy, in order."""
     sched = make_scheduler(policy="priority", max_num_seqs=1)
-    reqs = make_requests(3, priorities=[5, 1, 3], arrival_times=[0.0, 1.0, 2.0])
-    for r in reqs:
+    for r in make_requests(3, priorities=priorities, arrival_times=arrival_times):
         sched.add_request(r)
     order = []
     while sched.has_unfinished_requests():
         out, _ = step(sched)
         order += [n.req_id for n in out.scheduled_new_reqs]
-    assert order == ["r1", "r2", "r0"]
+    return order
+
+
+def test_priority_orders_waiting_requests_lowest_value_first():
+    assert _admission_order([5, 1, 3], [0.0, 1.0, 2.0]) == ["r1", "r2", "r0"]
 
 
 def test_priority_ties_break_on_arrival_time():
-    sched = make_scheduler(policy="priority", max_num_seqs=1)
-    reqs = make_requests(3, priorities=[2, 2, 2], arrival_times=[3.0, 1.0, 2.0])
-    for r in reqs:
-        sched.add_request(r)
-    order = []
-    while sched.has_unfinished_requests():
-        out, _ = step(sched)
-        order += [n.req_id for n in out.scheduled_new_reqs]
-    assert order == ["r1", "r2", "r0"]
+    assert _admission_order([2, 2, 2], [3.0, 1.0, 2.0]) == ["r1", "r2", "r0"]
 
 
 def test_priority_preemption_evicts_lowest_priority_then_resumes_it():
