@@ -1,0 +1,119 @@
+"""Two runs side by side (typically an engine trace and its simulator replay), aligned by step number.
+A step *diverges* when the two runs decided differently in it: a different set of (request, event,
+tokens, phase) rows, or the step exists in one run only. Step times never count as divergence; they
+are expected to differ between a real engine and a cost model."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from tui.model import RunIndex, as_float
+
+KEY_COLUMNS = ("request_id", "event", "num_tokens", "phase")
+
+
+def step_signatures(run: RunIndex) -> np.ndarray:
+    """One order-independent 64-bit hash per step of its decision rows (0 for a step without rows)."""
+    sig = np.zeros(run.n, np.uint64)
+    dec = run.decisions
+    if not len(dec):
+        return sig
+    cols = dec[list(KEY_COLUMNS)].astype({"phase": object, "num_tokens": "int64"})
+    h = pd.util.hash_pandas_object(cols, index=False).to_numpy(np.uint64)
+    pos = np.searchsorted(run.step_no, run.d_step)
+    ok = (pos < run.n) & (run.step_no[np.minimum(pos, run.n - 1)] == run.d_step)
+    np.add.at(sig, pos[ok], h[ok])
+    return sig
+
+
+def _describe(row: pd.Series | None) -> str:
+    if row is None:
+        return "nothing"
+    if row["event"] == "schedule":
+        n = int(row["num_tokens"])
+        return f"{n} token{'s' * (n != 1)} ({row['phase']})"
+    return str(row["event"])
+
+
+class Comparison:
+    """Aligned steps of runs A and B, the steps where they diverge, and why."""
+
+    def __init__(self, a: RunIndex, b: RunIndex) -> None:
+        self.a, self.b = a, b
+        self.n = max(a.n, b.n)
+        m = min(a.n, b.n)
+        same_steps = np.array_equal(a.step_no[:m], b.step_no[:m])
+        differs = step_signatures(a)[:m] != step_signatures(b)[:m]
+        if not same_steps:
+            differs |= a.step_no[:m] != b.step_no[:m]
+        self.divergent = np.r_[np.flatnonzero(differs), np.arange(m, self.n)].astype(np.int64)
+        self.is_divergent = np.zeros(self.n, bool)
+        self.is_divergent[self.divergent] = True
+
+    @property
+    def first_divergence(self) -> int | None:
+        return int(self.divergent[0]) if len(self.divergent) else None
+
+    def next_divergence(self, pos: int, direction: int = 1) -> int | None:
+        return self.a.next_in(self.divergent, pos, direction) if self.n else None
+
+    def explain(self, pos: int) -> list[str]:
+        """Plain sentences on what differs at step position `pos` (decisions, queues, counters, times)."""
+        a, b = self.a, self.b
+        if pos >= a.n or pos >= b.n:
+            only = "A" if pos < a.n else "B"
+            return [f"step {pos} exists only in run {only}: run {'B' if only == 'A' else 'A'} ended after "
+                    f"{min(a.n, b.n)} steps"]
+        step = int(a.step_no[pos])
+        lines = [f"step {step}: " + ("decisions differ" if self.is_divergent[pos] else "same decisions in A and B")]
+        lines += self._decision_diffs(pos)
+        if self.is_divergent[pos]:
+            lines += self._queue_diffs(pos)
+        for name, col in (("tokens scheduled", "tokens"), ("running", "num_running"), ("waiting", "num_waiting"),
+                          ("preempted", "num_preempted"), ("KV blocks used", "kv_used")):
+            va, vb = int(getattr(a, col)[pos]), int(getattr(b, col)[pos])
+            if va != vb:
+                lines.append(f"{name}: A {va}, B {vb}")
+        da, db = a.duration[pos] * 1e3, b.duration[pos] * 1e3
+        lines.append(f"step time: A {da:.2f} ms, B {db:.2f} ms ({db - da:+.2f} ms); "
+                     f"start A {a.start[pos]:.4f} s, B {b.start[pos]:.4f} s")
+        return lines
+
+    def _decision_diffs(self, pos: int) -> list[str]:
+        rows_a, rows_b = self.a.decisions_at(pos), self.b.decisions_at(pos)
+        key = ["request_id", "event"]
+        ia = {tuple(r[k] for k in key): r for _, r in rows_a.iterrows()}
+        ib = {tuple(r[k] for k in key): r for _, r in rows_b.iterrows()}
+        out = []
+        for k in sorted(set(ia) | set(ib), key=lambda k: (str(k[0]), str(k[1]))):
+            ra, rb = ia.get(k), ib.get(k)
+            same = ra is not None and rb is not None and all(
+                str(ra[c]) == str(rb[c]) for c in ("num_tokens", "phase"))
+            if same:
+                continue
+            verb = "scheduled" if k[1] == "schedule" else k[1]
+            if ra is None or rb is None:
+                which, row = ("A", ra) if rb is None else ("B", rb)
+                out.append(f"{k[0]} {verb} in {which} only: {_describe(row)}")
+            else:
+                out.append(f"{k[0]} scheduled for {_describe(ra)} in A, {_describe(rb)} in B")
+        return out
+
+    def _queue_diffs(self, pos: int) -> list[str]:
+        """Requests that had arrived in one run but not the other when the step started: the usual cause."""
+        out = []
+        a, b = self.a, self.b
+        before = int(a.step_no[pos]) - 1
+        qa, qb = a.queues, b.queues
+        wa = set(qa.ids[qa.waiting_at(before, a.start[pos])])
+        wb = set(qb.ids[qb.waiting_at(before, b.start[pos])])
+        for rid in sorted(wa ^ wb):
+            inside, other, run = ("A", "B", b) if rid in wa else ("B", "A", a)
+            queued = as_float((run.request(rid) or {}).get("queued"))
+            if queued > run.start[pos]:
+                why = (f"in {other} it was queued only at {queued:.4f} s, after the step started "
+                       f"({run.start[pos]:.4f} s)")
+            else:
+                why = f"in {other} it was already running or done"
+            out.append(f"{rid} was waiting in {inside} but not in {other} when the step started: {why}")
+        return out
