@@ -1,23 +1,251 @@
-"""`sim` command line. The simulator itself lands with its own issue; today this prints its usage."""
+"""`sim` command line: `replay` a workload file or an engine trace on the engine's own scheduler,
+`compare` two traces, `calibrate` a cost model from engine traces.
+
+Scheduler and cache flags carry the engine's names and meaning; they are declared here rather than
+imported from engine.config, which needs transformers. Bad input ends with one line on stderr naming
+what is wrong and exit status 2, never a traceback.
+"""
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, NoReturn
+
+DEFAULT_NUM_GPU_BLOCKS = 8192
+DEFAULT_ROOFLINE_MODEL = "llama-3.1-8b"
+DEFAULT_HARDWARE = "h100"
+_FLAG_OF = {"max_model_len": "--max-model-len", "max_num_seqs": "--max-num-seqs",
+            "max_num_batched_tokens": "--max-num-batched-tokens", "long_prefill_token_threshold":
+            "--long-prefill-token-threshold", "policy": "--scheduling-policy", "block_size": "--block-size",
+            "num_gpu_blocks": "--num-gpu-blocks", "num_gpu_blocks_override": "--num-gpu-blocks-override",
+            "gpu_memory_utilization": "--gpu-memory-utilization"}
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a bad flag in one line (no usage block) and exits 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _add_engine_flags(p: argparse.ArgumentParser) -> None:
+    """The engine's scheduler/cache flags; None means: from the source trace, else the engine default."""
+    g = p.add_argument_group("engine flags (same names and meaning as `engine run`)")
+    for flag, kind, text in (
+            ("--max-model-len", int, "context length"), ("--max-num-seqs", int, "max requests in one step"),
+            ("--max-num-batched-tokens", int, "token budget per step"), ("--block-size", int, "tokens per KV block"),
+            ("--num-gpu-blocks-override", int, "force the KV block count"),
+            ("--gpu-memory-utilization", float, "share of device memory for the engine (roofline KV sizing)"),
+            ("--long-prefill-token-threshold", int, "cap tokens per prefill chunk (0: off)"),
+            ("--scheduling-policy", str, "fcfs | priority"), ("--seed", int, "seed of the fabricated tokens")):
+        g.add_argument(flag, type=kind, default=None, help=text)
+    g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None)
+    g.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=None)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="sim", description="Discrete-event simulator on the engine's own scheduler.")
+    p = _Parser(prog="sim", description="Discrete-event simulator on the engine's own scheduler.")
     sub = p.add_subparsers(dest="command")
-    sub.add_parser("replay", help="replay a workload file or an engine trace (not built yet)")
-    sub.add_parser("calibrate", help="fit a cost model from engine traces (not built yet)")
-    sub.add_parser("compare", help="fidelity report between two traces (not built yet)")
-    sub.add_parser("plan", help="capacity planning under SLOs (not built yet)")
+    r = sub.add_parser("replay", help="simulate a workload file or replay an engine trace directory")
+    r.add_argument("source", metavar="FILE.yaml|TRACE_DIR")
+    r.add_argument("--trace", default=None, metavar="DIR", help="write the trace here (default: a temp dir)")
+    r.add_argument("--cost-model", default=None, help="recorded | calibrated | roofline | PROFILE.json "
+                   "(default: recorded for a trace, roofline for a workload)")
+    r.add_argument("--profile", default=None, metavar="PROFILE.json", help="for calibrated (or roofline on cpu)")
+    r.add_argument("--model", default=None, help=f"model preset for roofline (default: the trace's model, "
+                   f"else {DEFAULT_ROOFLINE_MODEL})")
+    r.add_argument("--hardware", default=None, help=f"h100 | h200 | a100 | l4 | ... (default {DEFAULT_HARDWARE})")
+    r.add_argument("--num-gpu-blocks", type=int, default=None, help="KV blocks (default: the trace's, else "
+                   f"what the cost model computes, else {DEFAULT_NUM_GPU_BLOCKS})")
+    r.add_argument("--time-scale", type=float, default=1.0, help="multiply arrival times (0.5: twice as fast)")
+    r.add_argument("--max-requests", type=int, default=None, help="stop after this many requests")
+    r.add_argument("--vocab-size", type=int, default=32000, help="workloads draw token ids below this")
+    r.add_argument("--slo", default=None, help="e.g. ttft_p99=2s,tpot_p99=80ms: goodput and attainment")
+    r.add_argument("--plots", default=None, metavar="DIR", help="write latency CDF / throughput / queue / KV PNGs")
+    r.add_argument("--json", action="store_true", help="print the summary as JSON")
+    r.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _add_engine_flags(r)
+    c = sub.add_parser("compare", help="fidelity report of trace B against trace A")
+    c.add_argument("trace_a", metavar="TRACE_DIR_A")
+    c.add_argument("trace_b", metavar="TRACE_DIR_B")
+    c.add_argument("--json", action="store_true", help="machine-readable report")
+    sub.add_parser("calibrate", help="fit a cost model from engine traces (sim calibrate -h)", add_help=False)
+    sub.add_parser("plan", help="capacity planning under SLOs (not built yet)").add_argument(
+        "rest", nargs=argparse.REMAINDER)
     return p
 
 
+def _json(obj: Any) -> str:
+    """Strict JSON: NaN (a metric with no samples) becomes null."""
+    def clean(v: Any) -> Any:
+        if isinstance(v, float) and v != v:
+            return None
+        if isinstance(v, dict):
+            return {k: clean(x) for k, x in v.items()}
+        return [clean(x) for x in v] if isinstance(v, (list, tuple)) else v
+
+    return json.dumps(clean(obj), default=str, allow_nan=False)
+
+
+def _flag_error(e: ValueError) -> ValueError:
+    """Config errors name dataclass fields; say the flag instead."""
+    field, sep, rest = str(e).partition(": ")
+    return ValueError(f"{_FLAG_OF[field]}: {rest}") if sep and field in _FLAG_OF else e
+
+
+def _pick(flag: Any, cfg: dict, key: str) -> Any:
+    return flag if flag is not None else cfg.get(key)
+
+
+def build_configs(args: argparse.Namespace, source: Any, cost_model: Any) -> tuple[Any, Any, str]:
+    """SchedulerConfig and CacheConfig from flags, then the source trace's config, then engine defaults."""
+    from engine.core.config import CacheConfig, SchedulerConfig
+
+    sc, cc = source.scheduler, source.cache
+    kw = {k: v for k, v in {
+        "max_model_len": _pick(args.max_model_len, sc, "max_model_len") or getattr(cost_model, "max_model_len", None),
+        "max_num_seqs": _pick(args.max_num_seqs, sc, "max_num_seqs"),
+        "max_num_batched_tokens": _pick(args.max_num_batched_tokens, sc, "max_num_batched_tokens"),
+        "enable_chunked_prefill": _pick(args.enable_chunked_prefill, sc, "enable_chunked_prefill"),
+        "long_prefill_token_threshold": _pick(args.long_prefill_token_threshold, sc, "long_prefill_token_threshold"),
+        "policy": _pick(args.scheduling_policy, sc, "policy")}.items() if v is not None}
+    block_size = _pick(args.block_size, cc, "block_size") or 16
+    gpu_util = _pick(args.gpu_memory_utilization, cc, "gpu_memory_utilization") or 0.9
+    try:
+        sched = SchedulerConfig(**kw)
+        if args.num_gpu_blocks is not None:
+            blocks, how = args.num_gpu_blocks, "--num-gpu-blocks"
+        elif args.num_gpu_blocks_override is not None:
+            blocks, how = args.num_gpu_blocks_override, "--num-gpu-blocks-override"
+        elif cc.get("num_gpu_blocks"):
+            # Same KV memory as the traced engine, re-cut if the block size changed.
+            blocks = max(2, int(cc["num_gpu_blocks"]) * int(cc.get("block_size") or block_size) // block_size)
+            how = f"the source trace's KV cache ({cc['num_gpu_blocks']} blocks of {cc.get('block_size')} tokens)"
+        elif hasattr(cost_model, "num_gpu_blocks"):
+            blocks = int(cost_model.num_gpu_blocks(block_size, gpu_util))
+            how = f"{cost_model.name} cost model: memory left after weights at {gpu_util} utilization"
+        else:
+            blocks, how = DEFAULT_NUM_GPU_BLOCKS, "default"
+        cache = CacheConfig(block_size=block_size, num_gpu_blocks=blocks,
+                            enable_prefix_caching=_pick(args.enable_prefix_caching, cc, "enable_prefix_caching")
+                            is not False, watermark=cc.get("watermark") or 0.0, gpu_memory_utilization=gpu_util,
+                            num_gpu_blocks_override=args.num_gpu_blocks_override)
+    except ValueError as e:
+        raise _flag_error(e) from None
+    return sched, cache, how
+
+
+def _check_flags(args: argparse.Namespace) -> None:
+    if not args.time_scale > 0:
+        raise ValueError(f"--time-scale: must be > 0, got {args.time_scale}")
+    for flag, value, low in (("--max-requests", args.max_requests, 1), ("--num-gpu-blocks", args.num_gpu_blocks, 2),
+                             ("--vocab-size", args.vocab_size, 4)):
+        if value is not None and value < low:
+            raise ValueError(f"{flag}: must be >= {low}, got {value}")
+    if not Path(args.source).exists():
+        raise ValueError(f"{args.source}: no such workload file or trace directory")
+
+
+def replay(args: argparse.Namespace) -> int:
+    from sim.cost_models import get_cost_model
+    from sim.loop import Simulator
+    from sim.report import format_sim_summary, load_for_summary, parse_slo, sim_summary, write_plots
+    from sim.sources import open_source
+
+    _check_flags(args)
+    slos = parse_slo(args.slo) if args.slo is not None else None
+    is_trace = Path(args.source).is_dir()
+    name = args.cost_model or ("recorded" if is_trace else "roofline")
+    exact = name == "recorded" and args.time_scale == 1.0
+    source = open_source(args.source, args.vocab_size, args.max_requests, args.time_scale, exact_times=exact)
+    model = args.model or source.model.get("hf_config") or DEFAULT_ROOFLINE_MODEL
+    hardware = args.hardware or DEFAULT_HARDWARE
+    cost_model = get_cost_model(name, source.trace, model=model, hardware=hardware, profile=args.profile)
+    sched, cache, how = build_configs(args, source, cost_model)
+    tmp = None if args.trace else tempfile.TemporaryDirectory(prefix="stepscope-sim-")
+    trace_dir = args.trace or tmp.name
+    model_meta = dict(source.model) if name == "recorded" else {
+        "model": model if isinstance(model, str) else "hf_config", "source": "sim",
+        **({} if isinstance(model, str) else {"hf_config": model})}
+    meta = {"config": {"model": model_meta}, "workload": source.meta,
+            "device": {"type": "sim", "hardware": None if name == "recorded" else hardware},
+            "kv_cache": {"num_blocks": cache.num_gpu_blocks, "block_size": cache.block_size, "how": how}}
+    sim = Simulator(sched, cache, cost_model, trace_dir, meta, seed=args.seed or 0, vocab_size=args.vocab_size,
+                    follow_recorded=exact)
+    result = sim.run(source.requests, source.external_finishes, source.num_requests, progress=not args.no_progress)
+    trace = load_for_summary(trace_dir)
+    summary = sim_summary(trace, slos)
+    if args.json:
+        print(_json({"trace": args.trace, "steps": result.num_steps, "sim_time_s": result.sim_time,
+                     "wall_time_s": result.wall_time, **summary}))
+    else:
+        print(f"cost model: {cost_model.name}; {result.num_steps} steps simulated in {result.wall_time:.2f} s "
+              f"({result.num_steps / max(result.wall_time, 1e-9):.0f} steps/s)")
+        print(format_sim_summary(summary))
+    if args.plots:
+        paths = write_plots(trace, args.plots)
+        if not args.json:
+            print(f"plots: {', '.join(str(p) for p in paths)}")
+    if tmp is not None:
+        tmp.cleanup()
+    elif not args.json:
+        print(f"trace: {trace_dir}")
+    return 130 if result.interrupted else 0
+
+
+def compare(args: argparse.Namespace) -> int:
+    import traces
+    from sim.compare import compare_traces, format_report
+
+    report = compare_traces(traces.load(args.trace_a), traces.load(args.trace_b))
+    print(_json(report) if args.json else format_report(report))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] == "calibrate":
+        try:
+            from sim.calibrate import main_calibrate
+        except ImportError as e:
+            print(f"sim calibrate: error: not available in this build ({e})", file=sys.stderr)
+            return 2
+        return main_calibrate(argv[1:])
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:
+        return int(e.code or 0)
     if args.command is None:
-        build_parser().print_help()
+        parser.print_help()
         return 0
-    print(f"sim {args.command}: not available yet in this version of stepscope")
-    return 2
+    if args.command == "plan":
+        print("sim plan: error: not available yet in this version of stepscope", file=sys.stderr)
+        return 2
+    from sim.cost_models import CostModelError
+    from sim.loop import SimulationError
+    from traces import TraceError
+    from workloads import WorkloadError
+
+    try:
+        return replay(args) if args.command == "replay" else compare(args)
+    except (WorkloadError, TraceError, CostModelError, SimulationError, ValueError) as e:
+        print(f"sim {args.command}: error: {' '.join(str(e).split())}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        # The reader went away (`sim compare A B | head`): not an error of ours; keep exit-time flushes quiet.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except OSError as e:
+        print(f"sim {args.command}: error: {e.filename or ''}: {e.strerror or e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -40,3 +40,28 @@ def stream_file(table: str) -> str:
 
 def parquet_file(table: str) -> str:
     return f"{table}.parquet"
+
+
+_FLOAT_COLUMNS = {"start", "end", "schedule_time", "execute_time", "sample_time", "arrival", "queued",
+                  "first_scheduled", "first_token", "finish", "num_computed_tokens"}
+_STR_COLUMNS = {"request_id", "event", "phase", "finish_reason", "kind", "error", "hash"}
+_INT_LIST_COLUMNS = {"blocks_gained", "blocks_freed", "block_ids", "prompt_token_ids", "output_token_ids"}
+_STR_LIST_COLUMNS = {"hashes", "holders"}
+
+
+def arrow_schema(table: str):
+    """Column types of a table, stated up front so a long stream converts to Parquet batch by batch."""
+    import pyarrow as pa
+
+    def kind(c: str):
+        if c in _FLOAT_COLUMNS:
+            return pa.float64()
+        if c in _STR_COLUMNS:
+            return pa.large_string()
+        if c in _INT_LIST_COLUMNS:
+            return pa.list_(pa.int64())
+        if c in _STR_LIST_COLUMNS:
+            return pa.list_(pa.large_string())
+        return pa.bool_() if c == "cached" else pa.int64()
+
+    return pa.schema([(c, kind(c)) for c in TABLES[table]])

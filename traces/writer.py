@@ -1,5 +1,6 @@
-"""Streaming trace writer: one JSON line per row, flushed after every step, so a run killed at any
-moment leaves every completed step readable; `close()` compacts the streams to Parquet."""
+"""Streaming trace writer: one JSON line per row, handed to the OS every `flush_every` steps (every step
+for the engine), steps table last, so a run killed at any moment leaves every flushed step readable;
+`close()` compacts the streams to Parquet."""
 from __future__ import annotations
 
 import json
@@ -8,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
-from traces.schema import FORMAT_VERSION, META_FILE, TABLES, parquet_file, stream_file
+from traces.schema import FORMAT_VERSION, META_FILE, TABLES, arrow_schema, parquet_file, stream_file
 
 _encode = json.JSONEncoder(separators=(",", ":")).encode
 
@@ -26,9 +27,12 @@ def package_versions() -> dict[str, str]:
 
 
 class TraceWriter:
-    """Owns a trace directory; rows go to `<table>.jsonl` until `close()` turns them into Parquet."""
+    """Owns a trace directory; rows go to `<table>.jsonl` until `close()` turns them into Parquet.
 
-    def __init__(self, path: str | Path, meta: dict[str, Any]) -> None:
+    The simulator passes a larger `flush_every`: a system call per table per simulated step would
+    dominate the step itself."""
+
+    def __init__(self, path: str | Path, meta: dict[str, Any], flush_every: int = 1) -> None:
         self.path = Path(path)
         self.path.mkdir(parents=True, exist_ok=True)
         for table in TABLES:
@@ -39,6 +43,9 @@ class TraceWriter:
         self._write_meta()
         self._files: dict[str, TextIO] = {t: open(self.path / stream_file(t), "a", encoding="utf-8")
                                           for t in TABLES}
+        self._buf: dict[str, list[str]] = {t: [] for t in TABLES}
+        self.flush_every = flush_every
+        self._steps_since_flush = 0
         self.closed = False
 
     def _write_meta(self) -> None:
@@ -48,12 +55,25 @@ class TraceWriter:
 
     def write_rows(self, table: str, rows: list[dict[str, Any]]) -> None:
         if rows:
-            self._files[table].write("\n".join(map(_encode, rows)) + "\n")
+            self._buf[table].append("\n".join(map(_encode, rows)) + "\n")
 
     def flush(self) -> None:
-        """Push buffered rows to the OS: after this a SIGKILL loses nothing already written."""
-        for f in self._files.values():
-            f.flush()
+        """Called once per step: every `flush_every` steps the rows go to the OS, after which a SIGKILL
+        loses nothing of them."""
+        self._steps_since_flush += 1
+        if self._steps_since_flush >= self.flush_every:
+            self.drain()
+
+    def drain(self) -> None:
+        """Write out every buffered row now, the steps table last (a step's row marks it complete)."""
+        self._steps_since_flush = 0
+        for table in sorted(self._buf, key=lambda t: t == "steps"):
+            buf = self._buf[table]
+            if buf:
+                f = self._files[table]
+                f.write("".join(buf))
+                f.flush()
+                buf.clear()
 
     def update_meta(self, **fields: Any) -> None:
         self.meta.update(fields)
@@ -63,6 +83,7 @@ class TraceWriter:
         """Finish the trace: close streams, compact them to Parquet, mark meta complete."""
         if self.closed:
             return
+        self.drain()
         self.closed = True
         for f in self._files.values():
             f.close()
@@ -71,10 +92,24 @@ class TraceWriter:
         self.update_meta(complete=True, ended_at=time.time(), **final_meta)
 
     def _compact(self) -> None:
+        """JSON lines -> Parquet streamed through Arrow in batches, so memory stays flat for millions of
+        rows; a table Arrow cannot parse falls back to pandas."""
+        import pyarrow.json as pj
+        import pyarrow.parquet as pq
+
         from traces.reader import read_stream
 
         for table, columns in TABLES.items():
-            src = self.path / stream_file(table)
-            df, _ = read_stream(src, columns)
-            df.to_parquet(self.path / parquet_file(table), index=False)
+            src, dst = self.path / stream_file(table), self.path / parquet_file(table)
+            try:
+                if src.stat().st_size == 0:
+                    raise ValueError("empty stream")
+                reader = pj.open_json(src, read_options=pj.ReadOptions(block_size=16 << 20),
+                                      parse_options=pj.ParseOptions(explicit_schema=arrow_schema(table)))
+                with pq.ParquetWriter(dst, reader.schema) as out:
+                    for batch in reader:
+                        out.write_batch(batch)
+            except (ValueError, OSError):
+                df, _ = read_stream(src, columns)
+                df.to_parquet(dst, index=False)
             src.unlink()

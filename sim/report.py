@@ -1,0 +1,216 @@
+"""What a replay prints and draws: traces.summary's headline metrics plus inter-token latency, goodput
+under SLOs and KV usage; latency CDFs and throughput / queue / KV curves as PNGs."""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from traces.summary import format_summary, request_latencies, summarize
+
+SLO_METRICS = ("ttft", "tpot", "e2e", "queue")
+_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6}
+
+
+@dataclass(slots=True)
+class SLO:
+    """`ttft_p99=2s`: a request meets it when its own ttft is <= 2 s; the run meets it when the
+    99th percentile does."""
+
+    metric: str
+    percentile: float | None
+    threshold_s: float
+
+    @property
+    def label(self) -> str:
+        p = f"_p{self.percentile:g}" if self.percentile is not None else ""
+        return f"{self.metric}{p}<={self.threshold_s * 1e3:g}ms"
+
+
+def _pct(values: np.ndarray, q: float) -> float:
+    v = np.asarray(values, dtype=float)
+    v = v[~np.isnan(v)]
+    return float(np.percentile(v, q)) if v.size else math.nan
+
+
+def parse_slo(text: str) -> list[SLO]:
+    """`ttft_p99=2s,tpot_p99=80ms` (units s, ms, us; bare numbers are seconds) -> SLOs; ValueError naming the part."""
+    out = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        m = re.fullmatch(r"([a-z]+)(?:_p(\d+(?:\.\d+)?))?=(\d+(?:\.\d*)?|\.\d+)(s|ms|us)?", part)
+        if m is None:
+            raise ValueError(f"--slo: {part!r} is not METRIC[_pNN]=VALUE[s|ms|us] (e.g. ttft_p99=2s)")
+        metric, pct, value, unit = m.groups()
+        if metric not in SLO_METRICS:
+            raise ValueError(f"--slo: unknown metric {metric!r} in {part!r} (expected one of {', '.join(SLO_METRICS)})")
+        if pct is not None and not 0 < float(pct) <= 100:
+            raise ValueError(f"--slo: percentile in {part!r} must be in (0, 100]")
+        out.append(SLO(metric, float(pct) if pct is not None else None, float(value) * _UNITS[unit or "s"]))
+    if not out:
+        raise ValueError("--slo: no SLO given (e.g. ttft_p99=2s,tpot_p99=80ms)")
+    return out
+
+
+def token_times(decisions: pd.DataFrame, steps: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """(request codes, times) of every output token, sorted by request then time.
+
+    A request emits a token in a step that computes its last known token: every decode row, and a
+    prefill row that completes the prompt (the next row of that request is a decode, or it finishes in
+    that step). The time is the step's end, when the token is out."""
+    event = decisions["event"]
+    is_sched = (event == "schedule").to_numpy(dtype=bool)
+    if not is_sched.any():
+        return np.empty(0, dtype=np.int64), np.empty(0)
+    codes, _ = pd.factorize(decisions["request_id"])
+    is_fin = (event == "finish").to_numpy(dtype=bool)
+    step_all = decisions["step"].to_numpy(dtype=np.int64)
+    code, step = codes[is_sched], step_all[is_sched]
+    decode = (decisions["phase"] == "decode").to_numpy(dtype=bool)[is_sched]
+    # Rows are written in step order; a stable sort by request then keeps each request's steps in order.
+    order = np.argsort(code, kind="stable") if (np.diff(step) >= 0).all() else np.lexsort((step, code))
+    code, step, decode = code[order], step[order], decode[order]
+    same_next = np.r_[code[1:] == code[:-1], False]
+    width = int(step_all.max()) + 1
+    finished_here = np.isin(code * width + step, codes[is_fin] * width + step_all[is_fin])
+    emit = decode | (np.r_[decode[1:], False] & same_next) | (~same_next & ~decode & finished_here)
+    ends = pd.Series(steps["end"].to_numpy(dtype=float), index=steps["step"].to_numpy(dtype=np.int64))
+    times = ends.reindex(step[emit]).to_numpy()
+    return code[emit], times
+
+
+def inter_token_latencies(decisions: pd.DataFrame, steps: pd.DataFrame) -> np.ndarray:
+    code, times = token_times(decisions, steps)
+    if len(code) < 2:
+        return np.empty(0)
+    return np.diff(times)[code[1:] == code[:-1]]
+
+
+def load_for_summary(path: str | Path) -> Any:
+    """The columns the summary and plots read (no token id lists, no block tables): a fraction of
+    `traces.load`'s time on a long trace. Falls back to traces.load for a trace still in JSON lines."""
+    from types import SimpleNamespace
+
+    import traces
+    from traces.schema import REQUEST_COLUMNS
+
+    root = Path(path)
+    files = {t: root / f"{t}.parquet" for t in ("steps", "requests", "decisions")}
+    if not all(f.is_file() for f in files.values()):
+        return traces.load(root)
+    light = [c for c in REQUEST_COLUMNS if not c.endswith("token_ids")]
+    return SimpleNamespace(path=root, steps=pd.read_parquet(files["steps"]),
+                           requests=pd.read_parquet(files["requests"], columns=light),
+                           decisions=pd.read_parquet(files["decisions"],
+                                                     columns=["step", "request_id", "event", "phase"]))
+
+
+def sim_summary(trace: Any, slos: list[SLO] | None = None,
+                percentiles: tuple[int, ...] = (50, 90, 99)) -> dict[str, Any]:
+    """traces.summary.summarize plus ITL, total token throughput, KV usage and goodput under `slos`."""
+    req, steps = trace.requests, trace.steps
+    s = summarize(req, steps, percentiles)
+    itl = inter_token_latencies(trace.decisions, steps)
+    for q in percentiles:
+        s[f"itl_p{q}_s"] = _pct(itl, q)
+    done = req[req["finish_reason"].isin(["stop", "length"])]
+    total = int(done["num_prompt_tokens"].sum()) + s["output_tokens"]
+    s["total_throughput_tok_s"] = total / s["duration_s"]
+    if slos:
+        lat = request_latencies(req)
+        ok = np.ones(len(lat), dtype=bool)
+        attainment = []
+        for slo in slos:
+            values = lat[slo.metric].to_numpy(dtype=float)
+            # A request with one output token has no TPOT: it cannot miss a TPOT target.
+            meets = np.where(np.isnan(values), slo.metric == "tpot", values <= slo.threshold_s)
+            ok &= meets
+            measured = _pct(values, slo.percentile) if slo.percentile is not None else math.nan
+            attainment.append({"slo": slo.label, "met_by_requests": float(meets.mean()) if len(meets) else math.nan,
+                               "measured_s": measured,
+                               "met": bool(measured <= slo.threshold_s) if slo.percentile is not None else None})
+        s["goodput_req_s"] = int(ok.sum()) / s["duration_s"]
+        s["slo_attainment"] = float(ok.mean()) if len(ok) else math.nan
+        s["slos"] = attainment
+    return s
+
+
+def format_sim_summary(s: dict[str, Any]) -> str:
+    def ms(key: str) -> str:
+        v = s.get(key, math.nan)
+        return "n/a" if v != v else f"{v * 1e3:.1f} ms"
+
+    lines = [format_summary(s),
+             f"itl: p50 {ms('itl_p50_s')}, p90 {ms('itl_p90_s')}, p99 {ms('itl_p99_s')}",
+             f"ttft p90 {ms('ttft_p90_s')}, tpot p90 {ms('tpot_p90_s')}, e2e p90 {ms('e2e_p90_s')}",
+             f"total throughput: {s['total_throughput_tok_s']:.1f} tok/s, {s['request_throughput_req_s']:.2f} req/s"]
+    if "goodput_req_s" in s:
+        lines.append(f"goodput: {s['goodput_req_s']:.2f} req/s "
+                     f"({s['slo_attainment'] * 100:.1f}% of requests meet all SLOs)")
+        for a in s["slos"]:
+            verdict = "" if a["met"] is None else (" met" if a["met"] else " MISSED")
+            measured = "" if a["measured_s"] != a["measured_s"] else f", measured {a['measured_s'] * 1e3:.1f} ms"
+            lines.append(f"  {a['slo']}: {a['met_by_requests'] * 100:.1f}% of requests{measured}{verdict}")
+    return "\n".join(lines)
+
+
+def write_plots(trace: Any, out_dir: str | Path, bins: int = 200) -> list[Path]:
+    """Latency CDFs, output throughput, queue lengths and KV usage over simulated time, as PNGs."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    steps, written = trace.steps, []
+    lat = request_latencies(trace.requests)
+    series = {"ttft": lat["ttft"].to_numpy(float), "tpot": lat["tpot"].to_numpy(float),
+              "e2e": lat["e2e"].to_numpy(float), "itl": inter_token_latencies(trace.decisions, steps)}
+
+    def save(fig: Any, name: str) -> None:
+        path = out / name
+        fig.tight_layout()
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        written.append(path)
+
+    fig, axes = plt.subplots(1, 4, figsize=(16, 3.5))
+    for ax, (name, v) in zip(axes, series.items()):
+        v = np.sort(v[~np.isnan(v)])
+        if len(v):
+            ax.plot(v * 1e3, np.arange(1, len(v) + 1) / len(v))
+        ax.set(title=f"{name} CDF", xlabel="ms", ylabel="fraction of " + ("tokens" if name == "itl" else "requests"))
+        ax.grid(alpha=0.3)
+    save(fig, "latency_cdf.png")
+
+    end = steps["end"].to_numpy(float)
+    _, times = token_times(trace.decisions, steps)
+    fig, ax = plt.subplots(figsize=(8, 3.5))
+    if len(times):
+        # At least ~20 steps per bin, or the curve aliases against the step rhythm.
+        counts, edges = np.histogram(times, bins=max(1, min(bins, len(steps) // 20)))
+        ax.plot(edges[:-1], counts / np.diff(edges))
+    ax.set(title="output throughput", xlabel="simulated time (s)", ylabel="tokens/s")
+    ax.grid(alpha=0.3)
+    save(fig, "throughput.png")
+
+    fig, ax = plt.subplots(figsize=(8, 3.5))
+    ax.plot(end, steps["num_waiting"].to_numpy(), label="waiting", lw=0.8)
+    ax.plot(end, steps["num_running"].to_numpy(), label="running", lw=0.8)
+    ax.set(title="queue length", xlabel="simulated time (s)", ylabel="requests")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    save(fig, "queues.png")
+
+    fig, ax = plt.subplots(figsize=(8, 3.5))
+    total = steps["kv_blocks_total"].to_numpy(float)
+    ax.plot(end, 100 * steps["kv_blocks_used"].to_numpy(float) / np.maximum(total, 1), lw=0.8)
+    ax.set(title="KV cache usage", xlabel="simulated time (s)", ylabel="% of blocks", ylim=(0, 105))
+    ax.grid(alpha=0.3)
+    save(fig, "kv_usage.png")
+    return written

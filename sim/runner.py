@@ -1,0 +1,60 @@
+"""The simulator's stand-in for the model runner: no model, just the tokens a step samples.
+
+A request samples one token in a step that computes its last known token (a full prefill or a
+decode), as the engine's runner does. The token is the source trace's recorded one when there is one
+(so stop tokens and lengths match), otherwise a deterministic id derived from the seed, the request and
+the position, so the same inputs always give the same trace.
+"""
+from __future__ import annotations
+
+import zlib
+
+from engine.core.outputs import ModelRunnerOutput
+from engine.core.request import Request
+from engine.core.sched_output import SchedulerOutput
+
+FIRST_TOKEN_ID = 3  # leave the special ids (BOS/EOS/PAD) alone, as the workloads do
+
+
+class FakeModelRunner:
+    """Register each request's recorded outputs (if any) when it is added; `forget` it when it ends."""
+
+    def __init__(self, seed: int = 0, vocab_size: int = 32000) -> None:
+        self.seed = seed
+        self.span = max(1, vocab_size - FIRST_TOKEN_ID)
+        self._recorded: dict[str, list[int]] = {}
+        self._base: dict[str, int] = {}
+
+    def register(self, request_id: str, output_token_ids: list[int] | None = None) -> None:
+        if output_token_ids:
+            self._recorded[request_id] = output_token_ids
+        self._base[request_id] = zlib.crc32(request_id.encode()) ^ (self.seed * 0x9E3779B1 & 0xFFFFFFFF)
+
+    def forget(self, request_id: str) -> None:
+        self._recorded.pop(request_id, None)
+        self._base.pop(request_id, None)
+
+    def execute(self, so: SchedulerOutput, requests: dict[str, Request]) -> ModelRunnerOutput:
+        """Rows in the engine runner's order (single-token rows first, then the rest, each in schedule
+        order), so the per-request outputs, and hence the trace rows, come out in the same order."""
+        items = so.num_scheduled_tokens
+        if not items:
+            return ModelRunnerOutput([], [])
+        ids = [rid for rid, n in items.items() if n == 1]
+        if len(ids) != len(items):
+            ids += [rid for rid, n in items.items() if n != 1]
+        recorded, base, span = self._recorded, self._base, self.span
+        sampled: list[list[int]] = []
+        for rid in ids:
+            req = requests[rid]
+            n = len(req.all_token_ids)
+            if req.num_computed_tokens < n:
+                sampled.append([])
+                continue
+            pos = n - len(req.prompt_token_ids)
+            rec = recorded.get(rid)
+            if rec is not None and pos < len(rec):
+                sampled.append([rec[pos]])
+            else:
+                sampled.append([FIRST_TOKEN_ID + (base[rid] + pos * 2654435761) % span])
+        return ModelRunnerOutput(ids, sampled)

@@ -1,0 +1,138 @@
+"""Where a simulation's requests come from: a workload YAML file (a generated stream) or an engine trace
+directory (the exact requests it served, with their token ids, times and configuration).
+
+Both give `SimRequest`s in the order the simulator must add them, one at a time, so a million-request
+workload never sits in memory as a list.
+"""
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+DEFAULT_VOCAB_SIZE = 32000
+
+
+@dataclass(slots=True)
+class SimRequest:
+    """One request as the simulator adds it.
+
+    `add_time` is when the scheduler sees it: the arrival for workloads; for traces the recorded
+    `queued` time, which a recorded replay needs to reproduce the engine's decisions exactly.
+    `output_token_ids` (traces) are fed back as the sampled tokens; `stop_at_end` says the request
+    ended with a stop (EOS/stop token) after exactly those tokens rather than on its length limit.
+    """
+
+    request_id: str
+    arrival: float
+    prompt_token_ids: list[int]
+    max_tokens: int | None
+    add_time: float
+    priority: int = 0
+    output_token_ids: list[int] | None = None
+    stop_at_end: bool = False
+
+
+@dataclass(slots=True)
+class Source:
+    """A request stream plus what the source knows about the run: the scheduler/cache config of an
+    engine trace, the workload for meta.json, and finishes that came from outside the scheduler."""
+
+    kind: str  # "workload" or "trace"
+    path: Path
+    requests: Iterator[SimRequest]
+    num_requests: int | None
+    meta: dict[str, Any]
+    scheduler: dict[str, Any] = field(default_factory=dict)
+    cache: dict[str, Any] = field(default_factory=dict)
+    model: dict[str, Any] = field(default_factory=dict)
+    # step -> [(request_id, finish_reason)]: aborts and frontend stop strings, applied before that step.
+    external_finishes: dict[int, list[tuple[str, str]]] = field(default_factory=dict)
+    trace: Any = None
+
+
+def open_source(path: str | Path, vocab_size: int | None = None, limit: int | None = None,
+                time_scale: float = 1.0, exact_times: bool = False) -> Source:
+    """A trace directory or a workload file; `exact_times` adds trace requests at their queued times."""
+    p = Path(path)
+    if p.is_dir():
+        return trace_source(p, limit, time_scale, exact_times)
+    return workload_source(p, vocab_size or DEFAULT_VOCAB_SIZE, limit, time_scale)
+
+
+def workload_source(path: Path, vocab_size: int, limit: int | None = None, time_scale: float = 1.0) -> Source:
+    from workloads import load_workload
+
+    workload = load_workload(path)
+    spec = workload.spec
+    counts = [c for c in (spec.num_requests, limit) if c is not None]
+    stream = (SimRequest(r.request_id, r.arrival, r.prompt_token_ids, r.max_tokens, r.arrival)
+              for r in workload.requests(vocab_size=vocab_size, limit=limit, time_scale=time_scale))
+    meta = {**workload.to_dict(), "time_scale": time_scale, "max_requests": limit, "vocab_size": vocab_size}
+    return Source("workload", path, stream, min(counts) if counts else None, meta)
+
+
+def _natural(rid: str) -> tuple:
+    return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", rid))
+
+
+def _num(v: Any) -> float | None:
+    return None if v is None or (isinstance(v, float) and math.isnan(v)) else float(v)
+
+
+def trace_source(path: Path, limit: int | None = None, time_scale: float = 1.0,
+                 exact_times: bool = False) -> Source:
+    """The requests of an engine (or sim) trace in the order its scheduler saw them."""
+    import traces
+
+    trace = traces.load(path)
+    req = trace.requests
+    if not len(req):
+        raise traces.TraceError(f"{path}: the trace has no requests to replay")
+    cols = ["request_id", "arrival", "queued", "prompt_token_ids", "output_token_ids", "max_tokens",
+            "priority", "finish_reason"]
+    rows = []
+    for rid, arrival, queued, prompt, output, max_tokens, priority, reason in zip(*(req[c] for c in cols)):
+        arrival = float(arrival) * time_scale
+        queued = _num(queued)
+        add = queued * time_scale if exact_times and queued is not None else arrival
+        out = [int(t) for t in output] if output is not None else []
+        mt = _num(max_tokens)
+        prompt = [int(t) for t in prompt] if prompt is not None else []
+        rows.append(SimRequest(str(rid), arrival, prompt, int(mt) if mt else None, add,
+                               int(_num(priority) or 0), out, reason == "stop" and bool(out)))
+    rows.sort(key=lambda r: (r.add_time, r.arrival, _natural(r.request_id)))
+    if limit is not None:
+        rows = rows[:limit]
+    config = trace.meta.get("config", {})
+    src = Source("trace", path, iter(rows), len(rows), {"source_trace": str(path), "time_scale": time_scale,
+                                                        "max_requests": limit, "workload": trace.meta.get("workload")},
+                 dict(config.get("scheduler") or {}), dict(config.get("cache") or {}),
+                 dict(config.get("model") or {}), _external_finishes(trace, {r.request_id for r in rows}), trace)
+    # A stop that the frontend found (stop string) is replayed as an external finish, not as a token stop.
+    external = {rid for items in src.external_finishes.values() for rid, _ in items}
+    for r in rows:
+        if r.request_id in external:
+            r.stop_at_end = False
+    return src
+
+
+def _external_finishes(trace: Any, keep: set[str]) -> dict[int, list[tuple[str, str]]]:
+    """Finish/abort rows of requests not scheduled in that step: ended from outside the scheduler (an
+    abort, or a stop string the output processor found) between the previous step and this one."""
+    d = trace.decisions
+    if not len(d):
+        return {}
+    ends = d[d["event"].isin(["finish", "abort"])]
+    if not len(ends):
+        return {}
+    sched = d[d["event"] == "schedule"]
+    scheduled = set(zip(sched["step"].tolist(), sched["request_id"].tolist()))
+    out: dict[int, list[tuple[str, str]]] = {}
+    for step, rid, reason in zip(ends["step"].tolist(), ends["request_id"].tolist(), ends["finish_reason"].tolist()):
+        if (step, rid) not in scheduled and rid in keep:
+            out.setdefault(int(step), []).append((rid, reason if isinstance(reason, str) else "abort"))
+    return out
