@@ -61,12 +61,14 @@ class TraceRecorder:
                 new.req_id, "schedule", step, num_tokens[new.req_id], "prefill", new.num_computed_tokens,
                 new.num_computed_tokens, new.block_ids))
         cached = so.scheduled_cached_reqs
-        for i, rid in enumerate(cached.req_ids):
-            resumed = cached.resumed_from_preemption[i]
-            computed = cached.num_computed_tokens[i]
-            decisions.append(self._decision(
-                rid, "schedule", step, num_tokens[rid], so.phase(rid), computed, computed if resumed else 0,
-                cached.new_block_ids[i]))
+        decodes = so.decode_req_ids
+        decisions.extend(
+            {"step": step, "request_id": rid, "event": "schedule", "num_tokens": num_tokens[rid],
+             "phase": "decode" if rid in decodes else "prefill", "num_computed_tokens": computed,
+             "prefix_hit_tokens": computed if resumed else 0, "blocks_gained": gained, "blocks_freed": [],
+             "finish_reason": None}
+            for rid, resumed, computed, gained in zip(cached.req_ids, cached.resumed_from_preemption,
+                                                      cached.num_computed_tokens, cached.new_block_ids))
         for rid in so.preempted_req_ids:
             decisions.append(self._decision(rid, "preempt", step, blocks_freed=so.preempted_block_ids[rid]))
         num_finished = 0

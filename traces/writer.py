@@ -7,11 +7,12 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, BinaryIO
+
+import orjson
 
 from traces.schema import FORMAT_VERSION, META_FILE, TABLES, arrow_schema, parquet_file, stream_file
 
-_encode = json.JSONEncoder(separators=(",", ":")).encode
 
 
 def package_versions() -> dict[str, str]:
@@ -41,9 +42,8 @@ class TraceWriter:
         self.meta = {"format_version": FORMAT_VERSION, **meta, "versions": package_versions(),
                      "started_at": time.time(), "complete": False}
         self._write_meta()
-        self._files: dict[str, TextIO] = {t: open(self.path / stream_file(t), "a", encoding="utf-8")
-                                          for t in TABLES}
-        self._buf: dict[str, list[str]] = {t: [] for t in TABLES}
+        self._files: dict[str, BinaryIO] = {t: open(self.path / stream_file(t), "ab") for t in TABLES}
+        self._buf: dict[str, list[bytes]] = {t: [] for t in TABLES}
         self.flush_every = flush_every
         self._steps_since_flush = 0
         self.closed = False
@@ -55,7 +55,7 @@ class TraceWriter:
 
     def write_rows(self, table: str, rows: list[dict[str, Any]]) -> None:
         if rows:
-            self._buf[table].append("\n".join(map(_encode, rows)) + "\n")
+            self._buf[table].append(b"\n".join(map(orjson.dumps, rows)) + b"\n")
 
     def flush(self) -> None:
         """Called once per step: every `flush_every` steps the rows go to the OS, after which a SIGKILL
@@ -71,7 +71,7 @@ class TraceWriter:
             buf = self._buf[table]
             if buf:
                 f = self._files[table]
-                f.write("".join(buf))
+                f.write(b"".join(buf))
                 f.flush()
                 buf.clear()
 

@@ -182,19 +182,16 @@ class Scheduler:
         new_reqs = [NewRequestData(r.request_id, r.prompt_token_ids, r.sampling_params,
                                    kv.get_block_ids(r.request_id), r.num_computed_tokens, r.eos_token_id)
                     for r in scheduled_new]
-        cached = CachedRequestData()
-        decode_ids: set[str] = set()
-        num_decode_tokens = 0
-        for req in scheduled_running:
-            rid = req.request_id
-            cached.req_ids.append(rid)
-            cached.resumed_from_preemption.append(False)
-            cached.resumed_token_ids.append(None)
-            cached.new_block_ids.append([b.block_id for b in new_blocks_of[rid]])
-            cached.num_computed_tokens.append(req.num_computed_tokens)
-            if req.num_computed_tokens == req.num_tokens - 1 and req.output_token_ids:
-                decode_ids.add(rid)
-                num_decode_tokens += num_scheduled[rid]
+        n = len(scheduled_running)
+        run_ids = [r.request_id for r in scheduled_running]
+        cached = CachedRequestData(
+            run_ids, [False] * n, [None] * n,
+            [[b.block_id for b in blocks] if (blocks := new_blocks_of[rid]) else [] for rid in run_ids],
+            [r.num_computed_tokens for r in scheduled_running])
+        # A decode computes the one token after everything computed so far, and it is an output token.
+        decode_ids = {r.request_id for r in scheduled_running
+                      if r.num_computed_tokens == len(r.all_token_ids) - 1 and r.output_token_ids}
+        num_decode_tokens = sum(num_scheduled[rid] for rid in decode_ids)
         for req in scheduled_resumed:
             cached.req_ids.append(req.request_id)
             cached.resumed_from_preemption.append(True)
@@ -236,23 +233,27 @@ class Scheduler:
         logprobs = model_runner_output.logprobs
         stopped: set[Request] = set()
         requests = self.requests
+        running_status = RequestStatus.RUNNING
+        check_stop = self._check_stop
         for req_id, new_ids in zip(model_runner_output.req_ids, model_runner_output.sampled_token_ids):
             if not new_ids:
                 continue
             req = requests.get(req_id)
-            if req is None or req.status != RequestStatus.RUNNING:
+            if req is None or req.status != running_status:
                 continue
             if req.first_token_time is None:
                 req.first_token_time = now
             done = False
             for k, tok in enumerate(new_ids):
                 req.append_output_token_ids(tok)
-                if self._check_stop(req):
-                    new_ids = new_ids[:k + 1]
+                if check_stop(req):
+                    if k + 1 < len(new_ids):
+                        new_ids = new_ids[:k + 1]
                     done = True
                     break
-            out = EngineCoreOutput(req_id, new_ids, num_cached_tokens=max(req.num_cached_tokens, 0),
-                                   new_logprobs=logprobs.get(req_id) if logprobs else None)
+            cached = req.num_cached_tokens
+            out = EngineCoreOutput(req_id, new_ids, None, None, cached if cached > 0 else 0,
+                                   logprobs.get(req_id) if logprobs else None)
             if done:
                 stopped.add(req)
                 out.finish_reason = req.get_finish_reason()
