@@ -49,6 +49,7 @@ class ModelShape:
     qk_norm: bool = False
     num_experts: int = 0
     experts_per_token: int = 0
+    max_positions: int = 0
 
     @classmethod
     def from_config(cls, cfg: dict[str, Any], name: str = "custom", dtype: str = "bfloat16") -> ModelShape:
@@ -67,7 +68,8 @@ class ModelShape:
                    intermediate=int(mlp or cfg.get("intermediate_size") or 4 * h), vocab=int(cfg["vocab_size"]),
                    tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
                    qkv_bias=bool(cfg.get("attention_bias", kind == "qwen2")), qk_norm=kind.startswith("qwen3"),
-                   num_experts=experts, experts_per_token=int(cfg.get("num_experts_per_tok") or 0) if experts else 0)
+                   num_experts=experts, experts_per_token=int(cfg.get("num_experts_per_tok") or 0) if experts else 0,
+                   max_positions=int(cfg.get("max_position_embeddings") or 0))
 
     @property
     def dtype_bytes(self) -> int:
@@ -182,6 +184,11 @@ class RooflineCostModel:
         self.hardware = hardware
         self.source = source
         self.kv_cache_memory = kv_cache_memory
+
+    @property
+    def max_model_len(self) -> int | None:
+        """The model's context length: the simulator's default --max-model-len for workload runs."""
+        return self.shape.max_positions or None
 
     @classmethod
     def from_args(cls, model: str | dict[str, Any] | None = None, hardware: str | None = None,
