@@ -37,6 +37,7 @@ def bench_engine(args, prompts, outs) -> float:
     llm.generate([{"prompt_token_ids": [5, 6, 7]}], SamplingParams(max_tokens=4), use_tqdm=False)
     runs = []
     for _ in range(args.repeats):
+        llm.reset_prefix_cache()  # repeats must not hit the previous repeat's prompts
         t = time.perf_counter()
         res = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
         if args.device.startswith("cuda"):
@@ -109,8 +110,8 @@ def main() -> None:
                                   hf_config.vocab_size)
     print(f"requests: {len(prompts)} prompts {args.min_len}-{args.max_len} tokens, outputs {args.min_out}-{args.max_out}",
           flush=True)
-    print(f"threads: {args.threads or os.cpu_count()} of {os.cpu_count()} cpus", flush=True)
     ours = bench_engine(args, prompts, outs)
+    print(f"threads: {torch.get_num_threads()} of {os.cpu_count()} cpus", flush=True)
     print(f"engine: {ours:.1f} tok/s", flush=True)
     if not args.skip_transformers:
         theirs = bench_transformers(args, prompts, outs, hf_config)

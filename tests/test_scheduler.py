@@ -353,3 +353,28 @@ def test_scheduler_stats_report_queue_and_usage():
     stats = outs.scheduler_stats
     assert stats.num_running_reqs == 2 and stats.num_waiting_reqs == 1
     assert abs(stats.kv_cache_usage - 2 / 10) < 1e-9  # one 16-token block each
+
+
+def test_outcome_does_not_depend_on_the_runners_row_order():
+    """Runners may arrange their batch as they like (ours sorts decodes by length): finishes, and so
+    the free queue and later block ids, must follow the scheduler's own order."""
+    from engine.core import ModelRunnerOutput
+
+    def run(reverse: bool) -> list:
+        sched = make_scheduler(block_size=4, num_blocks=40)
+        for r in make_requests(6, num_tokens=6, max_tokens=3, ignore_eos=True):
+            sched.add_request(r)
+        for r in make_requests(4, num_tokens=5, max_tokens=4, ignore_eos=True, start=6):
+            sched.add_request(r)
+        history = []
+        while sched.has_unfinished_requests():
+            out = sched.schedule()
+            mro = fake_output(out, sched)
+            if reverse:
+                mro = ModelRunnerOutput(mro.req_ids[::-1], mro.sampled_token_ids[::-1])
+            outs = sched.update_from_output(out, mro)
+            history.append(([o.request_id for o in outs.outputs], out.scheduled_cached_reqs.new_block_ids,
+                            [n.block_ids for n in out.scheduled_new_reqs]))
+        return history
+
+    assert run(False) == run(True)

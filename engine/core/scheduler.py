@@ -235,7 +235,11 @@ class Scheduler:
         requests = self.requests
         running_status = RequestStatus.RUNNING
         check_stop = self._check_stop
-        for req_id, new_ids in zip(model_runner_output.req_ids, model_runner_output.sampled_token_ids):
+        # Walk the requests in the scheduler's own order, not the runner's batch order, so that finishes
+        # (and so the free queue) never depend on how a runner arranges its batch.
+        sampled = dict(zip(model_runner_output.req_ids, model_runner_output.sampled_token_ids))
+        for req_id in scheduler_output.num_scheduled_tokens:
+            new_ids = sampled.get(req_id)
             if not new_ids:
                 continue
             req = requests.get(req_id)

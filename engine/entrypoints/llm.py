@@ -30,6 +30,10 @@ class LLM:
         """Finish the trace directory, if this LLM writes one."""
         self.llm_engine.shutdown()
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget cached prefixes (refused, False, while requests hold blocks), as vLLM's LLM does."""
+        return self.llm_engine.engine_core.reset_prefix_cache()
+
     def get_tokenizer(self):
         return self.llm_engine.tokenizer
 
