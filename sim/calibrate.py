@@ -93,6 +93,8 @@ def calibrate(traces: list[Trace]) -> tuple[dict[str, Any], list[str]]:
         "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "model": ident["model"], "device": ident["device"], "kv_cache": ident["kv_cache"],
         "coefficients": coefficients, "fit": fit, "leave_one_trace_out": loto,
+        # How measured steps scatter around the law (all steps, outliers too: real runs have them).
+        "residual_quantiles": [float(q) for q in np.quantile(y / np.maximum(pred, 1e-12), np.linspace(0, 1, 101))],
         "effective": _effective(coefficients, ident["model"]),
         "traces": [{"path": str(t.path), "source": t.source, "complete": t.complete, "num_steps": int(len(p[1])),
                     "model": model_label(i), "device": device_label(i)} for t, p, i in zip(traces, parts, idents)],

@@ -11,6 +11,12 @@ from typing import Any, BinaryIO
 
 import orjson
 
+_OPTIONS = orjson.OPT_SERIALIZE_NUMPY  # numpy scalars from cost models and tables are plain numbers here
+
+
+def _dumps(row: dict[str, Any]) -> bytes:
+    return orjson.dumps(row, option=_OPTIONS)
+
 from traces.schema import FORMAT_VERSION, META_FILE, TABLES, arrow_schema, parquet_file, stream_file
 
 
@@ -55,7 +61,7 @@ class TraceWriter:
 
     def write_rows(self, table: str, rows: list[dict[str, Any]]) -> None:
         if rows:
-            self._buf[table].append(b"\n".join(map(orjson.dumps, rows)) + b"\n")
+            self._buf[table].append(b"\n".join(map(_dumps, rows)) + b"\n")
 
     def flush(self) -> None:
         """Called once per step: every `flush_every` steps the rows go to the OS, after which a SIGKILL

@@ -173,27 +173,42 @@ def load_profile(path: str | Path) -> dict[str, Any]:
     return prof
 
 
+_GOLDEN = 0.6180339887498949
+
+
 class CalibratedCostModel:
     """The fitted law; `load` reads a PROFILE.json written by `sim calibrate`."""
 
     name = "calibrated"
 
     def __init__(self, coefficients: dict[str, float], profile: dict[str, Any] | None = None,
-                 path: str | None = None) -> None:
+                 path: str | None = None, noise: bool = False) -> None:
         self.coefficients = {k: float(coefficients[k]) for k in COEFFICIENTS}
         self._coef = [self.coefficients[k] for k in COEFFICIENTS]
         self.profile = profile or {}
         self.path = path
+        quantiles = self.profile.get("residual_quantiles") if noise else None
+        self._residuals = np.asarray(quantiles, dtype=float) if quantiles else None
 
     @classmethod
-    def load(cls, path: str | Path) -> CalibratedCostModel:
+    def load(cls, path: str | Path, noise: bool = False) -> CalibratedCostModel:
+        """`noise`: multiply each step by the measured scatter (see `step_time`) instead of the bare law."""
         prof = load_profile(path)
-        return cls(prof["coefficients"], prof, str(path))
+        return cls(prof["coefficients"], prof, str(path), noise)
 
     def step_time(self, batch: StepBatch, step: int) -> float:
+        """The law's time, times the measured scatter: step i draws the residual ratio at quantile
+        frac(i * golden ratio), a deterministic low-discrepancy walk through the fitted distribution, so
+        tails (TPOT p90/p99) come out as the engine showed them and the same run gives the same times."""
         c0, c_p, c_d, c_ctx, c_attn, c_seq = self._coef
-        return (c0 + c_p * batch.num_prefill_tokens + c_d * batch.num_decode_tokens + c_ctx * batch.context_tokens
-                + c_attn * batch.prefill_attention + c_seq * batch.num_seqs)
+        t = (c0 + c_p * batch.num_prefill_tokens + c_d * batch.num_decode_tokens + c_ctx * batch.context_tokens
+             + c_attn * batch.prefill_attention + c_seq * batch.num_seqs)
+        if self._residuals is None:
+            return t
+        u = (step * _GOLDEN) % 1.0 * (len(self._residuals) - 1)
+        i = int(u)
+        r = self._residuals
+        return float(t * (r[i] + (r[min(i + 1, len(r) - 1)] - r[i]) * (u - i)))
 
     def predict(self, batches: list[StepBatch]) -> np.ndarray:
         return design_matrix(batches) @ np.array(self._coef)
