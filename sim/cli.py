@@ -74,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("trace_b", metavar="TRACE_DIR_B")
     c.add_argument("--json", action="store_true", help="machine-readable report")
     sub.add_parser("calibrate", help="fit a cost model from engine traces (sim calibrate -h)", add_help=False)
-    sub.add_parser("plan", help="capacity planning under SLOs (not built yet)").add_argument(
+    sub.add_parser("plan", help="capacity planning under SLOs (sim plan -h)", add_help=False).add_argument(
         "rest", nargs=argparse.REMAINDER)
     return p
 
@@ -215,6 +215,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"sim calibrate: error: not available in this build ({e})", file=sys.stderr)
             return 2
         return main_calibrate(argv[1:])
+    if argv and argv[0] == "plan":
+        from sim.plan import main_plan
+
+        return main_plan(argv[1:])
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
@@ -223,9 +227,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 0
-    if args.command == "plan":
-        print("sim plan: error: not available yet in this version of stepscope", file=sys.stderr)
-        return 2
     from sim.cost_models import CostModelError
     from sim.loop import SimulationError
     from traces import TraceError

@@ -21,7 +21,8 @@ class TruncatedTraceWarning(UserWarning):
 
 
 def read_stream(path: Path, columns: tuple[str, ...]) -> tuple[pd.DataFrame, bool]:
-    """Rows of a JSON-lines stream; a partial last line (a run killed mid-write) is dropped."""
+    """Rows of a JSON-lines stream with the schema's columns first (plus any extra ones a writer added);
+    a partial last line (a run killed mid-write) is dropped."""
     rows, truncated = [], False
     if path.exists():
         with open(path, encoding="utf-8") as f:
@@ -36,7 +37,9 @@ def read_stream(path: Path, columns: tuple[str, ...]) -> tuple[pd.DataFrame, boo
                     truncated = True
                     break
                 raise TraceError(f"{path}: line {i + 1} is not JSON") from None
-    return pd.DataFrame(rows, columns=list(columns)), truncated
+    df = pd.DataFrame(rows)
+    extra = [c for c in df.columns if c not in columns]  # e.g. a cluster's `replica`
+    return df.reindex(columns=[*columns, *extra]), truncated
 
 
 class Trace:

@@ -1,0 +1,44 @@
+"""Capacity-planning speed: a 48-configuration `sim plan` over the Azure 2023 conversation trace —
+replicas 1..4 x max_num_seqs 64,128,256 x hardware h100,h200 x block size 16,32 — with the roofline
+model of llama-3.1-8b, SLOs ttft_p99=2s,tpot_p99=80ms, rate tolerance 5%.
+
+Run from the repo root: `python bench/plan_speed.py [--max-requests N] [--jobs N] [--ray ADDRESS]`.
+Prints the ranked table, then `plan 48 configs: <seconds> s` (wall time, workload loading included).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from sim.plan import main_plan  # noqa: E402
+
+AZURE_CONV = "workloads/azure_conv.yaml"
+SWEEP = "replicas=1..4,max_num_seqs=64,128,256,hardware=h100,h200,block_size=16,32"
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--max-requests", type=int, default=500, help="the trace's first N requests (default 500)")
+    p.add_argument("--jobs", type=int, default=None, help="worker processes (default: all cores)")
+    p.add_argument("--ray", default=None, help="run on Ray instead ('auto': a local instance)")
+    args = p.parse_args()
+    argv = [AZURE_CONV, "--slo", "ttft_p99=2s,tpot_p99=80ms", "--sweep", SWEEP, "--max-requests",
+            str(args.max_requests), "--price", "h100=2.5/h,h200=3.5/h", "--rate-tol", "0.05", "--no-progress"]
+    if args.jobs:
+        argv += ["--jobs", str(args.jobs)]
+    if args.ray:
+        argv += ["--ray", args.ray]
+    start = time.perf_counter()
+    rc = main_plan(argv)
+    wall = time.perf_counter() - start
+    print(f"plan 48 configs: {wall:.1f} s ({args.max_requests} requests of {AZURE_CONV}, "
+          f"{args.jobs or os.cpu_count()} {'Ray workers' if args.ray else 'processes'})")
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,319 @@
+"""N replicas behind a router on one simulated clock.
+
+Each replica is the single-replica simulator's parts: an `engine.core.Scheduler` (with its own KV cache
+manager and block pool), a `FakeModelRunner` and the shared cost model. One global discrete-event loop
+moves the clock: the next event is either an arrival (routed at once, on the replicas' state at that
+time) or the end of some replica's step (`update_from_output` runs then, so finishes and freed blocks
+appear at the step's end). A replica adds what was routed to it at the start of its next step, exactly
+as the single-replica loop adds arrivals, so a one-replica cluster reproduces `Simulator` to the bit.
+
+Trace (optional): one directory for the whole cluster, the usual tables plus a `replica` column on
+every row. `step` numbers are cluster-wide (unique, in the order steps ended), so `steps` joins
+`decisions` as in a one-replica trace; block ids are per replica (filter on `replica` before rebuilding
+a block pool). `meta.json` gets a `cluster` entry: replicas, router, per-replica KV blocks. Without a
+trace directory the loop records nothing and the metrics come straight from the scheduler's requests.
+"""
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from engine.core.config import CacheConfig, SchedulerConfig
+from engine.core.request import Request
+from engine.core.sampling_params import SamplingParams
+from engine.core.scheduler import Scheduler
+from sim.batch import batch_from_output
+from sim.cost_models.base import CostModel
+from sim.loop import SimulationError, _fewer_collections
+from sim.routers import Router, make_router
+from sim.runner import FakeModelRunner
+from sim.sources import SimRequest
+from traces.recorder import TraceRecorder
+from traces.schema import TABLES, arrow_schema, parquet_file, stream_file
+from traces.writer import TraceWriter
+
+REPLICA_COLUMN = "replica"
+REQUEST_METRIC_COLUMNS = ("request_id", "arrival", "queued", "first_scheduled", "first_token", "finish",
+                          "num_prompt_tokens", "num_output_tokens", "num_cached_tokens", "num_preemptions",
+                          "finish_reason", REPLICA_COLUMN)
+
+
+def make_request(r: SimRequest, block_size: int | None = None) -> Request:
+    """The scheduler request for a simulated one, as `Simulator.add_request` builds it; with `block_size`
+    its block hashes exist before routing (prefix-affinity reads them, the scheduler reuses them)."""
+    out = r.output_token_ids
+    if r.stop_at_end and out:
+        params = SamplingParams(max_tokens=r.max_tokens, min_tokens=len(out), temperature=0.0)
+        eos = out[-1]
+    else:
+        params = SamplingParams(max_tokens=r.max_tokens, temperature=0.0, ignore_eos=True)
+        eos = None
+    return Request(r.request_id, r.prompt_token_ids, params, eos_token_id=eos, arrival_time=r.arrival,
+                   priority=r.priority, block_size=block_size)
+
+
+class ClusterTraceWriter(TraceWriter):
+    """TraceWriter whose tables carry the `replica` column through compaction."""
+
+    def _compact(self) -> None:
+        import pyarrow.json as pj
+        import pyarrow.parquet as pq
+
+        from traces.reader import read_stream
+
+        import pyarrow as pa
+
+        for table, base in TABLES.items():
+            columns = (*base, REPLICA_COLUMN)
+            schema = arrow_schema(table).append(pa.field(REPLICA_COLUMN, pa.int64()))
+            src, dst = self.path / stream_file(table), self.path / parquet_file(table)
+            try:
+                if src.stat().st_size == 0:
+                    raise ValueError("empty stream")
+                reader = pj.open_json(src, read_options=pj.ReadOptions(block_size=16 << 20),
+                                      parse_options=pj.ParseOptions(explicit_schema=schema))
+                with pq.ParquetWriter(dst, reader.schema) as out:
+                    for batch in reader:
+                        out.write_batch(batch)
+            except (ValueError, OSError):
+                df, _ = read_stream(src, columns)
+                df.to_parquet(dst, index=False)
+            src.unlink()
+
+
+class _ReplicaWriter:
+    """The writer a replica's TraceRecorder sees: stamps `replica` on each row, shares one directory."""
+
+    def __init__(self, writer: ClusterTraceWriter, index: int) -> None:
+        self.writer, self.index = writer, index
+
+    def write_rows(self, table: str, rows: list[dict[str, Any]]) -> None:
+        for row in rows:
+            row[REPLICA_COLUMN] = self.index
+        self.writer.write_rows(table, rows)
+
+    def flush(self) -> None:
+        self.writer.flush()
+
+    def close(self, compact: bool = True, **final_meta: Any) -> None:
+        """The cluster closes the shared writer once, after every replica."""
+
+
+class Replica:
+    """One engine replica: its scheduler, runner, inbox of routed requests and the step in flight."""
+
+    def __init__(self, index: int, cluster: Cluster, scheduler_config: SchedulerConfig,
+                 cache_config: CacheConfig, seed: int, vocab_size: int) -> None:
+        self.index = index
+        self.cluster = cluster
+        self.scheduler = Scheduler(scheduler_config, cache_config, clock=cluster.clock)
+        self.runner = FakeModelRunner(seed, vocab_size)
+        self.pool_map = self.scheduler.kv_cache_manager.block_pool.cached_block_hash_to_block
+        self.inbox: list[tuple[Request, SimRequest]] = []
+        self.added: list[Request] = []
+        self.live: dict[str, Request] = {}
+        self.recorder: TraceRecorder | None = None
+        self.busy = False
+        self.stalled = False
+        self.num_steps = 0
+        self._step: tuple[Any, Any, float, float] | None = None
+
+    # ---- what a router reads ----
+    @property
+    def num_outstanding(self) -> int:
+        s = self.scheduler
+        return len(self.inbox) + len(s.running) + len(s.waiting)
+
+    @property
+    def kv_usage(self) -> float:
+        return self.scheduler.kv_cache_manager.usage
+
+    def cached_prefix_blocks(self, block_hashes: Sequence[bytes]) -> int:
+        """How many leading blocks of a prompt this replica's prefix cache holds."""
+        table, n = self.pool_map, 0
+        for h in block_hashes:
+            if h not in table:
+                break
+            n += 1
+        return n
+
+    # ---- the step cycle ----
+    def has_work(self) -> bool:
+        s = self.scheduler
+        return bool(self.inbox) or bool(s.running) or bool(s.waiting) or s.has_pending_outputs()
+
+    def start_step(self, now: float) -> float | None:
+        """Add the inbox, schedule one step and run the fake model; returns when the step ends (None: idle)."""
+        sched, runner = self.scheduler, self.runner
+        for req, sim_req in self.inbox:
+            runner.register(req.request_id, sim_req.output_token_ids)
+            sched.add_request(req)
+            if self.recorder is not None:
+                self.recorder.on_add(req)
+            if req.is_finished():
+                runner.forget(req.request_id)
+            self.added.append(req)
+            if self.cluster.watch is not None:
+                if req.is_finished():
+                    self.cluster.stopped |= bool(self.cluster.watch(req))
+                else:
+                    self.live[req.request_id] = req
+        self.inbox.clear()
+        if not (sched.running or sched.waiting or sched.has_pending_outputs()):
+            return None
+        so = sched.schedule()
+        duration = self.cluster.cost_model.step_time(batch_from_output(so), self.num_steps)
+        runner_output = runner.execute(so, sched.requests)
+        end = now + duration
+        self._step = (so, runner_output, now, duration)
+        self.busy = True
+        return end
+
+    def finish_step(self) -> None:
+        """The step's end: apply its outputs, record it, and notice a replica that can never progress."""
+        so, runner_output, start, duration = self._step
+        self._step, self.busy = None, False
+        sched = self.scheduler
+        outputs = sched.update_from_output(so, runner_output)
+        if self.recorder is not None:
+            self.recorder.step = self.cluster.num_steps
+            self.recorder.on_step(so, outputs, start, start + duration, 0.0, duration, 0.0)
+        self.cluster.num_steps += 1
+        self.num_steps += 1
+        forget, finished, watch = self.runner.forget, False, self.cluster.watch
+        for out in outputs.outputs:
+            if out.finish_reason is not None:
+                forget(out.request_id)
+                finished = True
+                if watch is not None and watch(self.live.pop(out.request_id)):
+                    self.cluster.stopped = True
+        if not finished and not (so.total_num_scheduled_tokens or sched.running or outputs.outputs
+                                 or so.preempted_req_ids):
+            self.stalled = True
+
+
+@dataclass(slots=True)
+class ClusterResult:
+    requests: pd.DataFrame
+    num_steps: int
+    sim_time: float
+    trace_dir: Path | None
+    stopped: bool = False
+
+
+class Cluster:
+    """Build once per run; `run(requests)` routes and simulates every request to completion."""
+
+    def __init__(self, num_replicas: int, scheduler_config: SchedulerConfig, cache_config: CacheConfig,
+                 cost_model: CostModel, router: Router | str = "round_robin", trace_dir: str | Path | None = None,
+                 meta: dict[str, Any] | None = None, seed: int = 0, vocab_size: int = 32000) -> None:
+        if num_replicas < 1:
+            raise ValueError(f"replicas: must be >= 1, got {num_replicas}")
+        self.now = 0.0
+        self.num_steps = 0
+        self.watch: Callable[[Request], bool] | None = None
+        self.stopped = False
+        self.cost_model = cost_model
+        self.router = make_router(router, seed) if isinstance(router, str) else router
+        self.block_size = cache_config.block_size if cache_config.enable_prefix_caching else None
+        self.replicas = [Replica(i, self, scheduler_config, cache_config, seed, vocab_size)
+                         for i in range(num_replicas)]
+        self.trace_dir = Path(trace_dir) if trace_dir is not None else None
+        self.writer: ClusterTraceWriter | None = None
+        if self.trace_dir is not None:
+            full = {"source": "sim", **(meta or {}), "cost_model": {"name": cost_model.name, **cost_model.describe()},
+                    "seed": seed, "cluster": {"replicas": num_replicas, "router": self.router.name,
+                                              "replica_column": REPLICA_COLUMN,
+                                              "kv_blocks_per_replica": cache_config.num_gpu_blocks}}
+            full.setdefault("config", {}).update(
+                {"scheduler": scheduler_config.to_dict(), "cache": cache_config.to_dict()})
+            self.writer = ClusterTraceWriter(self.trace_dir, full, flush_every=1024)
+            for r in self.replicas:
+                # Cluster-wide step numbers would make per-replica snapshots land at random steps: keep only step 0's.
+                r.recorder = TraceRecorder(_ReplicaWriter(self.writer, r.index), r.scheduler,
+                                           snapshot_every=1 << 62)
+
+    def clock(self) -> float:
+        return self.now
+
+    def run(self, requests: Iterable[SimRequest], watch: Callable[[Request], bool] | None = None) -> ClusterResult:
+        """`watch` sees every request as it ends (finished, rejected); once it returns True the run stops
+        there (a search that already knows the verdict), leaving later requests unfinished."""
+        self.watch = watch
+        with _fewer_collections():
+            try:
+                self._loop(iter(requests))
+            finally:
+                if self.writer is not None:
+                    for r in self.replicas:
+                        r.recorder.close()
+                    self.writer.close(num_steps=self.num_steps, sim_time=self.now)
+        return ClusterResult(self.request_table(), self.num_steps, self.now, self.trace_dir, self.stopped)
+
+    def _loop(self, stream: Iterable[SimRequest]) -> None:
+        replicas, route, block_size = self.replicas, self.router.route, self.block_size
+        events: list[tuple[float, int]] = []
+        nxt = next(stream, None)
+        inf = math.inf
+        while True:
+            t_arrival = nxt.add_time if nxt is not None else inf
+            t_end = events[0][0] if events else inf
+            t = t_arrival if t_arrival < t_end else t_end
+            if self.stopped:
+                return
+            if t == inf:
+                break
+            self.now = t
+            touched: list[Replica] = []
+            # Step ends first: a request arriving exactly then is added to that replica's next step.
+            while events and events[0][0] <= t:
+                r = replicas[heapq.heappop(events)[1]]
+                r.finish_step()
+                touched.append(r)
+            while nxt is not None and nxt.add_time <= t:
+                req = make_request(nxt, block_size)
+                r = replicas[route(req, replicas)]
+                r.inbox.append((req, nxt))
+                r.stalled = False
+                touched.append(r)
+                nxt = next(stream, None)
+            for r in touched:
+                if not r.busy and not r.stalled:
+                    end = r.start_step(t)
+                    if end is not None:
+                        heapq.heappush(events, (end, r.index))
+        stuck = [r for r in replicas if r.scheduler.waiting or r.scheduler.running]
+        if stuck:
+            r = stuck[0]
+            raise SimulationError(f"replica {r.index} stalled at {self.now:.3f} s: {len(r.scheduler.waiting)} waiting "
+                                  "request(s) can never be scheduled with this KV cache")
+
+    def request_table(self) -> pd.DataFrame:
+        """One row per request, the trace's `requests` columns that metrics need plus `replica`."""
+        rows = []
+        for r in self.replicas:
+            for q in r.added:
+                rows.append((q.request_id, q.arrival_time, q.queued_time, q.first_scheduled_time, q.first_token_time,
+                             q.finished_time, q.num_prompt_tokens, q.num_output_tokens, max(q.num_cached_tokens, 0),
+                             q.num_preemptions, q.get_finish_reason(), r.index))
+        return pd.DataFrame(rows, columns=list(REQUEST_METRIC_COLUMNS))
+
+
+def replica_summary(requests: pd.DataFrame) -> pd.DataFrame:
+    """Per-replica and cluster-wide headline metrics (one row each, `replica` = 'all' for the cluster)."""
+    from traces.summary import summarize
+
+    keys = ("requests", "finished", "output_tokens", "ttft_p99_s", "tpot_p99_s", "e2e_p99_s", "prefix_hit_rate",
+            "preemptions")
+    rows = []
+    groups = [(str(i), g) for i, g in requests.groupby(REPLICA_COLUMN)] + [("all", requests)]
+    for name, g in groups:
+        s = summarize(g)
+        rows.append({REPLICA_COLUMN: name, **{k: s[k] for k in keys}})
+    return pd.DataFrame(rows)

@@ -1,0 +1,191 @@
+"""`sim plan`: capacity planning. Expands the sweep into configurations, has each one's max rate within
+the SLOs searched (sim.plan_search) on local processes or Ray (sim.sweep), and prints them ranked by
+cost per million output tokens; `--plots` draws the curves the search saw (sim.plan_plots).
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+from sim.plan_search import (DEFAULT_HARDWARE, DEFAULT_MAX_MODEL_LEN, DEFAULT_MODEL, PlanSpec, base_rate,
+                             base_requests, evaluate_config, run_at_rate, search_max_rate, slo_check)
+from sim.report import parse_slo
+from sim.sweep import config_key, config_label
+
+__all__ = ["PlanSpec", "base_rate", "base_requests", "evaluate_config", "format_table", "main_plan", "rank",
+           "run_at_rate", "search_max_rate", "slo_check"]
+
+
+def rank(results: list[tuple[dict[str, Any], dict[str, Any]]],
+         prices: dict[str, float]) -> list[dict[str, Any]]:
+    """Rows sorted cheapest first (unpriced after priced, then by rate per replica); cost per million
+    output tokens = price/GPU-h x replicas / (rate x mean output tokens x 3600 s) x 1e6."""
+    rows = []
+    for config, res in results:
+        rate = res["max_rate"]
+        tok_s = rate * res.get("mean_output_tokens", 0.0)
+        price = prices.get(str(config["hardware"]).lower())
+        cost = price * config["replicas"] / (tok_s * 3600) * 1e6 if price is not None and tok_s > 0 else None
+        rows.append({"config": config, "max_rate": rate, "capped": res.get("capped", False),
+                     "goodput_req_s": rate * res.get("attainment", 0.0), "output_tok_s": tok_s,
+                     "usd_per_m_output_tokens": cost, "note": res.get("note")})
+    rows.sort(key=lambda r: (r["usd_per_m_output_tokens"] is None, r["usd_per_m_output_tokens"] or 0.0,
+                             -r["max_rate"] / r["config"]["replicas"], config_key(r["config"])))
+    return rows
+
+
+def format_table(rows: list[dict[str, Any]], swept: list[str]) -> str:
+    labels = [config_label(r["config"], swept) for r in rows]
+    width = max([len("configuration"), *map(len, labels)])
+    lines = [f"{'#':>3}  {'configuration':<{width}}  {'max rate':>10}  {'goodput':>10}  {'out tok/s':>10}  "
+             f"{'$/M out tok':>11}"]
+    for i, (row, label) in enumerate(zip(rows, labels), 1):
+        rate = (">=" if row["capped"] else "") + f"{row['max_rate']:.3f}"
+        cost = "n/a" if row["usd_per_m_output_tokens"] is None else f"{row['usd_per_m_output_tokens']:.3f}"
+        lines.append(f"{i:>3}  {label:<{width}}  {rate:>10}  {row['goodput_req_s']:>10.3f}  "
+                     f"{row['output_tok_s']:>10.1f}  {cost:>11}" + (f"  ({row['note']})" if row["note"] else ""))
+    lines.append("rates and goodput in requests/s; goodput = max rate x share of requests meeting every SLO")
+    return "\n".join(lines)
+
+
+def _parser() -> Any:
+    from sim.cli import _add_engine_flags, _Parser
+
+    p = _Parser(prog="sim plan", description="Capacity planning: max request rate within SLOs per configuration, "
+                "ranked by cost per million output tokens.")
+    p.add_argument("workload", metavar="FILE.yaml")
+    p.add_argument("--slo", required=True, help="e.g. ttft_p99=2s,tpot_p99=80ms")
+    p.add_argument("--sweep", default=None, help="e.g. replicas=1..8,max_num_seqs=64,128,256,router=round_robin")
+    p.add_argument("--hardware", default=None, help=f"comma list (h100,h200,...; default {DEFAULT_HARDWARE})")
+    p.add_argument("--model", default=None, help=f"comma list of roofline model presets (default {DEFAULT_MODEL})")
+    p.add_argument("--router", default=None, help="comma list of routers (default least_outstanding)")
+    p.add_argument("--replicas", type=int, default=1, help="replicas when not swept")
+    p.add_argument("--price", default=None, help="dollars per GPU-hour, e.g. h200=3.5/h,h100=2.5/h")
+    p.add_argument("--rate-tol", type=float, default=0.05, help="relative tolerance of the max-rate search")
+    p.add_argument("--max-requests", type=int, default=None, help="the workload's first N requests")
+    p.add_argument("--length-scale", type=float, default=None, help="multiply prompt and output lengths")
+    p.add_argument("--min-served-ratio", type=float, default=0.5, help="served / offered rate a rate must reach "
+                   "(first arrival to last finish): a short workload must not pass as one burst")
+    p.add_argument("--vocab-size", type=int, default=32000)
+    p.add_argument("--jobs", type=int, default=None, help="local worker processes (default: all cores)")
+    p.add_argument("--ray", default=None, metavar="ADDRESS", help="run on a Ray cluster ('auto': a local one)")
+    p.add_argument("--results", default=None, metavar="FILE", help="JSON lines of finished configurations; resumes")
+    p.add_argument("--plots", default=None, metavar="DIR", help="latency-vs-rate and cost-frontier PNGs")
+    p.add_argument("--trace", default=None, metavar="DIR", help="cluster trace of the top configuration at its max rate")
+    p.add_argument("--json", action="store_true", help="print the ranked rows as JSON")
+    p.add_argument("--no-progress", action="store_true")
+    _add_engine_flags(p)
+    return p
+
+
+def _configs(args: Any) -> tuple[list[dict[str, Any]], list[str]]:
+    from sim.sweep import expand_configs, parse_sweep
+
+    sweep = parse_sweep(args.sweep) if args.sweep else {}
+    for key, text, default in (("hardware", args.hardware, DEFAULT_HARDWARE), ("model", args.model, DEFAULT_MODEL),
+                               ("router", args.router, "least_outstanding")):
+        if text is not None and key in sweep:
+            raise ValueError(f"--{key} and --sweep {key}=... both given; use one")
+        if key not in sweep:
+            sweep[key] = [v.strip() for v in (text or default).split(",") if v.strip()]
+            if not sweep[key]:
+                raise ValueError(f"--{key}: no value given")
+    defaults = {"replicas": args.replicas, "router": None, "hardware": None, "model": None,
+                "max_model_len": args.max_model_len or DEFAULT_MAX_MODEL_LEN, "max_num_seqs": args.max_num_seqs,
+                "max_num_batched_tokens": args.max_num_batched_tokens, "block_size": args.block_size or 16,
+                "long_prefill_token_threshold": args.long_prefill_token_threshold, "policy": args.scheduling_policy,
+                "enable_chunked_prefill": args.enable_chunked_prefill, "enable_prefix_caching":
+                args.enable_prefix_caching, "gpu_memory_utilization": args.gpu_memory_utilization,
+                "num_gpu_blocks": args.num_gpu_blocks_override}
+    configs = expand_configs(sweep, defaults)
+    swept = sorted(k for k, v in sweep.items() if len(v) > 1) or ["replicas", "hardware"]
+    return configs, swept
+
+
+def plan(args: Any) -> int:
+    from tqdm import tqdm
+
+    from sim.sweep import append_result, load_results, parse_price, run_sweep, validate_config
+
+    slos = parse_slo(args.slo)
+    if not 0 < args.rate_tol < 1:
+        raise ValueError(f"--rate-tol: must be in (0, 1), got {args.rate_tol}")
+    for flag, value in (("--max-requests", args.max_requests), ("--jobs", args.jobs), ("--replicas", args.replicas)):
+        if value is not None and value < 1:
+            raise ValueError(f"{flag}: must be >= 1, got {value}")
+    if not 0 <= args.min_served_ratio <= 1:
+        raise ValueError(f"--min-served-ratio: must be in [0, 1], got {args.min_served_ratio}")
+    if args.length_scale is not None and not args.length_scale > 0:
+        raise ValueError(f"--length-scale: must be > 0, got {args.length_scale}")
+    prices = parse_price(args.price) if args.price else {}
+    configs, swept = _configs(args)
+    for config in configs:
+        validate_config(config)
+    spec = PlanSpec(os.path.abspath(args.workload), args.slo, args.rate_tol, args.max_requests, args.length_scale,
+                    args.vocab_size, args.seed or 0, min_served_ratio=args.min_served_ratio)
+    base_requests(spec.workload, spec.max_requests, spec.length_scale, spec.vocab_size)
+    plan_id = spec.fingerprint()
+    done = load_results(args.results, plan_id) if args.results else {}
+    results = {config_key(c): done[config_key(c)] for c in configs if config_key(c) in done}
+    todo = [c for c in configs if config_key(c) not in results]
+    bar = tqdm(total=len(configs), initial=len(results), desc="plan", unit="config", disable=args.no_progress,
+               dynamic_ncols=True)
+
+    def on_done(config: dict[str, Any], result: dict[str, Any]) -> None:
+        results[config_key(config)] = result
+        if args.results:
+            append_result(args.results, plan_id, config, result)
+        bar.update(1)
+
+    try:
+        run_sweep(evaluate_config, spec, todo, on_done, jobs=args.jobs or os.cpu_count() or 1,
+                  ray_address=args.ray)
+    finally:
+        bar.close()
+    rows = rank([(c, results[config_key(c)]) for c in configs], prices)
+    if args.json:
+        print(json.dumps(rows, default=str))
+    else:
+        print(format_table(rows, swept))
+        resumed = f" ({len(configs) - len(todo)} from {args.results})" if len(todo) < len(configs) else ""
+        print(f"{len(configs)} configurations{resumed}; SLOs: {', '.join(s.label for s in slos)}")
+    if args.plots:
+        from sim.plan_plots import write_plan_plots
+
+        paths = write_plan_plots(rows, results, slos, swept, args.plots)
+        if not args.json:
+            print(f"plots: {', '.join(map(str, paths))}")
+    if args.trace and rows and rows[0]["max_rate"] > 0:
+        from sim.cluster import replica_summary
+
+        table = run_at_rate(spec, rows[0]["config"], rows[0]["max_rate"], args.trace)
+        if not args.json:
+            print(f"trace of #1 at {rows[0]['max_rate']:.3f} req/s: {args.trace}")
+            print(replica_summary(table).to_string(index=False))
+    return 0
+
+
+def main_plan(argv: list[str]) -> int:
+    """`sim plan ...`; bad input is one line on stderr and exit status 2."""
+    from sim.cost_models import CostModelError
+    from sim.loop import SimulationError
+    from workloads import WorkloadError
+
+    parser = _parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:
+        return int(e.code or 0)
+    try:
+        if not os.path.isfile(args.workload):
+            raise ValueError(f"{args.workload}: no such workload file")
+        return plan(args)
+    except (WorkloadError, CostModelError, SimulationError, ValueError) as e:
+        print(f"sim plan: error: {' '.join(str(e).split())}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("sim plan: interrupted; finished configurations are in --results (rerun to resume)"
+              if args.results else "sim plan: interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,231 @@
+"""Capacity planning's search: for one deployment configuration, the highest request rate whose latencies
+stay within the SLOs.
+
+A configuration is a replica count, a router, a model on some hardware, and scheduler/cache flags. Its
+rate limit is searched, not gridded: the workload's arrivals are compressed or stretched (`time_scale`)
+to a rate, the cluster simulated, the SLOs checked; the rate doubles or halves until the SLO verdict
+flips, then bisects (geometrically) until `max_rate * (1 + tol)` is a rate that was simulated and failed.
+Everything is deterministic, so a configuration's result depends on nothing but its inputs: that is
+what lets a sweep run anywhere (sim.sweep) and resume from a results file.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import asdict, dataclass
+from functools import lru_cache
+from typing import Any, Callable
+
+import numpy as np
+
+from sim.report import SLO, parse_slo
+from sim.sources import SimRequest
+
+DEFAULT_MODEL = "llama-3.1-8b"
+DEFAULT_HARDWARE = "h100"
+DEFAULT_MAX_MODEL_LEN = 32768
+
+
+@dataclass(slots=True)
+class PlanSpec:
+    """What every configuration of one plan shares (plain data: it travels to worker processes)."""
+
+    workload: str
+    slo: str
+    rate_tol: float = 0.05
+    max_requests: int | None = None
+    length_scale: float | None = None
+    vocab_size: int = 32000
+    seed: int = 0
+    max_doublings: int = 12
+    min_served_ratio: float = 0.5
+
+    def fingerprint(self) -> str:
+        """Results computed under another spec must not be mixed into this plan's table."""
+        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:16]
+
+
+@lru_cache(maxsize=4)
+def base_requests(workload: str, max_requests: int | None, length_scale: float | None,
+                  vocab_size: int) -> tuple[SimRequest, ...]:
+    """The workload's requests at time scale 1, generated once per process and reused at every rate."""
+    from workloads import load_workload
+
+    w = load_workload(workload)
+    if length_scale is not None:
+        w = w.scaled(length_factor=length_scale)
+    reqs = tuple(SimRequest(r.request_id, r.arrival, r.prompt_token_ids, r.max_tokens, r.arrival)
+                 for r in w.requests(vocab_size=vocab_size, limit=max_requests))
+    if len(reqs) < 2 or reqs[-1].arrival <= reqs[0].arrival:
+        raise ValueError(f"{workload}: needs at least two requests at different times to define a rate")
+    return reqs
+
+
+def base_rate(reqs: tuple[SimRequest, ...]) -> float:
+    return (len(reqs) - 1) / (reqs[-1].arrival - reqs[0].arrival)
+
+
+def slo_check(requests: Any, slos: list[SLO], num_requests: int | None = None, rate: float | None = None,
+              min_served_ratio: float = 0.0) -> dict[str, Any]:
+    """Measured value of each SLO and the verdict. Requests that did not finish (rejected, stalled, or
+    never simulated: `num_requests` counts them) are infinitely late; a one-token request has no TPOT.
+    With `rate`, the cluster must also keep up: requests served per second, first arrival to last
+    finish, at least `min_served_ratio` x the offered rate (a short workload at a rate no replica
+    sustains is otherwise one burst that may still drain within the latency targets)."""
+    from traces.summary import request_latencies
+
+    lat = request_latencies(requests)
+    missing = (num_requests or len(requests)) - len(lat)
+    ok = np.ones(len(lat), dtype=bool)
+    out: dict[str, Any] = {"meets": True}
+    for slo in slos:
+        v = lat[slo.metric].to_numpy(dtype=float)
+        ok &= np.where(np.isnan(v), slo.metric == "tpot", v <= slo.threshold_s)
+        v = np.concatenate([v[~np.isnan(v)], np.full(missing, 1e18)])
+        measured = float(np.percentile(v, slo.percentile if slo.percentile is not None else 100)) if len(v) else 0.0
+        out[slo.label] = measured
+        out["meets"] &= measured <= slo.threshold_s
+    total = num_requests or len(requests)
+    if rate is not None:
+        span = float(requests["finish"].max() - requests["arrival"].min()) if len(lat) else math.inf
+        out["served_ratio"] = len(lat) / span / rate if span > 0 else 1.0
+        out["meets"] &= out["served_ratio"] >= min_served_ratio
+    out["attainment"] = float(ok.sum()) / total if total else 0.0
+    return out
+
+
+def search_max_rate(meets: Callable[[float], bool], start: float, tol: float,
+                    max_doublings: int = 12) -> tuple[float, bool]:
+    """Highest rate that `meets`, bracketed by doubling/halving from `start`, then bisected until
+    rate * (1 + tol) has been tried and failed. Returns (rate, capped); rate 0 when even
+    start / 2**max_doublings fails, capped when start * 2**max_doublings still meets."""
+    if meets(start):
+        lo, hi = start, None
+        for _ in range(max_doublings):
+            if not meets(lo * 2):
+                hi = lo * 2
+                break
+            lo *= 2
+        if hi is None:
+            return lo, True
+    else:
+        hi, lo = start, None
+        for _ in range(max_doublings):
+            if meets(hi / 2):
+                lo = hi / 2
+                break
+            hi /= 2
+        if lo is None:
+            return 0.0, False
+    while True:
+        step = lo * (1 + tol)
+        if hi <= step:
+            if hi == step or not meets(step):
+                return lo, False
+            lo = step
+            continue
+        mid = math.sqrt(lo * hi)
+        if meets(mid):
+            lo = mid
+        else:
+            hi = mid
+
+
+def build_cluster_parts(config: dict[str, Any]) -> tuple[Any, Any, Any]:
+    """(SchedulerConfig, CacheConfig, cost model) of a configuration; KV blocks from the roofline model."""
+    from engine.core.config import CacheConfig, SchedulerConfig
+    from sim.cost_models.roofline import RooflineCostModel
+
+    cost = RooflineCostModel.from_args(model=config["model"], hardware=config["hardware"])
+    sched = SchedulerConfig(**{k: config[k] for k in ("max_model_len", "max_num_seqs", "max_num_batched_tokens",
+                                                      "enable_chunked_prefill", "long_prefill_token_threshold",
+                                                      "policy") if config.get(k) is not None})
+    util = config.get("gpu_memory_utilization") or 0.9
+    blocks = config.get("num_gpu_blocks") or cost.num_gpu_blocks(config["block_size"], util,
+                                                                   sched.max_num_batched_tokens)
+    cache = CacheConfig(block_size=config["block_size"], num_gpu_blocks=blocks, gpu_memory_utilization=util,
+                        enable_prefix_caching=config.get("enable_prefix_caching") is not False)
+    return sched, cache, cost
+
+
+def _latency(req: Any, metric: str) -> float:
+    """One finished request's latency (NaN: a TPOT of one token); inf for a request that did not finish."""
+    if req.status.finish_reason not in ("stop", "length"):
+        return math.inf
+    if metric == "ttft":
+        return req.first_token_time - req.arrival_time
+    if metric == "e2e":
+        return req.finished_time - req.arrival_time
+    if metric == "queue":
+        return req.first_scheduled_time - req.arrival_time
+    n = req.num_output_tokens
+    return (req.finished_time - req.first_token_time) / (n - 1) if n > 1 else math.nan
+
+
+def miss_watch(slos: list[SLO], num_requests: int) -> Callable[[Any], bool]:
+    """True once some SLO's percentile is over its threshold whatever the remaining requests do: with
+    m misses among N values, numpy's (linear) percentile p exceeds the threshold when m >= N - floor((N-1)p/100)."""
+    limits = [num_requests - math.floor((num_requests - 1) * (s.percentile or 100) / 100) for s in slos]
+    misses = [0] * len(slos)
+
+    def watch(req: Any) -> bool:
+        for i, slo in enumerate(slos):
+            if _latency(req, slo.metric) > slo.threshold_s:
+                misses[i] += 1
+                if misses[i] >= limits[i]:
+                    return True
+        return False
+
+    return watch
+
+
+def run_at_rate(spec: PlanSpec, config: dict[str, Any], rate: float, trace_dir: str | None = None,
+                watch: Callable[[Any], bool] | None = None) -> Any:
+    """The cluster's requests table with the workload's arrivals scaled to `rate` requests/s (`watch` may
+    stop the run early, see `Cluster.run`)."""
+    from sim.cluster import Cluster
+
+    reqs = base_requests(spec.workload, spec.max_requests, spec.length_scale, spec.vocab_size)
+    scale = base_rate(reqs) / rate
+    sched, cache, cost = build_cluster_parts(config)
+    cluster = Cluster(config["replicas"], sched, cache, cost, config["router"], trace_dir=trace_dir,
+                      meta={"plan": {"config": config, "rate": rate}}, seed=spec.seed, vocab_size=spec.vocab_size)
+    stream = (SimRequest(r.request_id, r.arrival * scale, r.prompt_token_ids, r.max_tokens, r.add_time * scale)
+              for r in reqs)
+    return cluster.run(stream, watch).requests
+
+
+def evaluate_config(spec: PlanSpec, config: dict[str, Any]) -> dict[str, Any]:
+    """Max rate within the SLOs for one configuration, with every simulated point (for plots)."""
+    from sim.loop import SimulationError
+
+    slos = parse_slo(spec.slo)
+    reqs = base_requests(spec.workload, spec.max_requests, spec.length_scale, spec.vocab_size)
+    points: dict[float, dict[str, Any]] = {}
+
+    def meets(rate: float) -> bool:
+        if rate not in points:
+            try:
+                table = run_at_rate(spec, config, rate, watch=miss_watch(slos, len(reqs)))
+                p = slo_check(table, slos, len(reqs), rate, spec.min_served_ratio)
+                done = table[table["finish_reason"].isin(["stop", "length"])]
+                p["mean_output_tokens"] = float(done["num_output_tokens"].mean()) if len(done) else 0.0
+                p["prefix_hit_rate"] = (float(done["num_cached_tokens"].sum() / done["num_prompt_tokens"].sum())
+                                        if len(done) else 0.0)
+            except SimulationError as e:
+                p = {"meets": False, "error": str(e)}
+            points[rate] = {"rate": rate, **p}
+        return points[rate]["meets"]
+
+    try:
+        build_cluster_parts(config)
+    except ValueError as e:
+        return {"max_rate": 0.0, "capped": False, "note": str(e), "points": []}
+    rate, capped = search_max_rate(meets, base_rate(reqs), spec.rate_tol, spec.max_doublings)
+    best = points.get(rate, {})
+    return {"max_rate": rate, "capped": capped, "attainment": best.get("attainment", 0.0),
+            "mean_output_tokens": best.get("mean_output_tokens", 0.0),
+            "prefix_hit_rate": best.get("prefix_hit_rate", 0.0),
+            "slo_measured": {s.label: best.get(s.label) for s in slos},
+            "points": [points[r] for r in sorted(points)]}

@@ -1,0 +1,200 @@
+"""Sweeps: which configurations (parsed from `--sweep`), and where they run — inline, on local processes
+(concurrent.futures) or on a Ray cluster — with every finished configuration appended to a JSON-lines
+results file, so an interrupted sweep resumes where it stopped.
+
+A task is `fn(spec, config) -> result dict`, deterministic, so the backend changes nothing but the wall
+time; results arrive in completion order and callers sort them.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import re
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+_INT_KEYS = ("replicas", "max_num_seqs", "max_num_batched_tokens", "block_size", "max_model_len",
+             "long_prefill_token_threshold", "num_gpu_blocks")
+_BOOL_KEYS = ("enable_prefix_caching", "enable_chunked_prefill")
+_STR_KEYS = ("router", "hardware", "model", "policy")
+SWEEP_KEYS = _INT_KEYS + _BOOL_KEYS + _STR_KEYS + ("gpu_memory_utilization",)
+_BOOLS = {"true": True, "on": True, "1": True, "yes": True, "false": False, "off": False, "0": False, "no": False}
+
+
+def _value(key: str, text: str) -> list[Any]:
+    if key in _INT_KEYS:
+        m = re.fullmatch(r"(\d+)\.\.(\d+)", text)
+        if m:
+            lo, hi = int(m[1]), int(m[2])
+            if lo > hi:
+                raise ValueError(f"--sweep: empty range {text!r} for {key}")
+            return list(range(lo, hi + 1))
+        if not text.isdigit():
+            raise ValueError(f"--sweep: {key} takes integers or LO..HI, got {text!r}")
+        return [int(text)]
+    if key in _BOOL_KEYS:
+        if text.lower() not in _BOOLS:
+            raise ValueError(f"--sweep: {key} takes true/false, got {text!r}")
+        return [_BOOLS[text.lower()]]
+    if key == "gpu_memory_utilization":
+        try:
+            return [float(text)]
+        except ValueError:
+            raise ValueError(f"--sweep: {key} takes numbers, got {text!r}") from None
+    return [text]
+
+
+def parse_sweep(text: str) -> dict[str, list[Any]]:
+    """`replicas=1..4,max_num_seqs=64,128,router=round_robin` -> {key: values}: a part with `=` starts
+    a key, the parts after it until the next key are more values of it."""
+    out: dict[str, list[Any]] = {}
+    key = None
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            raise ValueError(f"--sweep: empty value in {text!r}")
+        if "=" in part:
+            key, _, part = part.partition("=")
+            key = key.strip().replace("-", "_")
+            if key not in SWEEP_KEYS:
+                raise ValueError(f"--sweep: unknown parameter {key!r} (expected one of {', '.join(SWEEP_KEYS)})")
+            if key in out:
+                raise ValueError(f"--sweep: {key} given twice")
+            out[key] = []
+        elif key is None:
+            raise ValueError(f"--sweep: {part!r} is not KEY=VALUE[,VALUE...]")
+        out[key].extend(_value(key, part.strip()))
+    return out
+
+
+def parse_price(text: str) -> dict[str, float]:
+    """`h200=3.5/h,h100=2.4` -> dollars per GPU-hour by hardware name."""
+    out = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        m = re.fullmatch(r"\$?([A-Za-z0-9._-]+)=\$?(\d+(?:\.\d*)?|\.\d+)(?:/h|/hr|/hour)?", part)
+        if m is None:
+            raise ValueError(f"--price: {part!r} is not HARDWARE=DOLLARS[/h] (e.g. h200=3.5/h)")
+        out[m[1].lower()] = float(m[2])
+    if not out:
+        raise ValueError("--price: no price given (e.g. h200=3.5/h)")
+    return out
+
+
+def expand_configs(sweep: dict[str, list[Any]], defaults: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every combination of the swept values over the defaults, in a fixed order."""
+    keys = sorted(sweep)
+    return [{**defaults, **dict(zip(keys, combo))} for combo in itertools.product(*(sweep[k] for k in keys))]
+
+
+def config_key(config: dict[str, Any]) -> str:
+    return json.dumps(config, sort_keys=True)
+
+
+def config_label(config: dict[str, Any], swept: list[str]) -> str:
+    return " ".join(f"{k}={config[k]}" for k in swept) or "default"
+
+
+def validate_config(config: dict[str, Any]) -> None:
+    """Bad names and out-of-range flags as one-line ValueErrors, before any simulation starts."""
+    from engine.core.config import CacheConfig, SchedulerConfig
+    from sim.cost_models.hardware import get_hardware
+    from sim.cost_models.roofline import model_shape
+    from sim.routers import make_router
+
+    get_hardware(str(config["hardware"]))
+    model_shape(config["model"])
+    make_router(config["router"])
+    if config["replicas"] < 1:
+        raise ValueError(f"replicas: must be >= 1, got {config['replicas']}")
+    build = {k: config[k] for k in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill",
+                                    "long_prefill_token_threshold", "policy") if config.get(k) is not None}
+    SchedulerConfig(**build)
+    CacheConfig(block_size=config["block_size"], num_gpu_blocks=config.get("num_gpu_blocks") or 2,
+                gpu_memory_utilization=config.get("gpu_memory_utilization") or 0.9)
+
+def load_results(path: str | Path, plan_id: str) -> dict[str, dict[str, Any]]:
+    """config key -> result of the configurations this plan already finished; lines of another plan and a
+    torn last line (a sweep killed mid-write) are skipped."""
+    p = Path(path)
+    done: dict[str, dict[str, Any]] = {}
+    if not p.is_file():
+        return done
+    for line in p.read_text(encoding="utf-8").splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(row, dict) and row.get("plan") == plan_id and "key" in row and "result" in row:
+            done[row["key"]] = row["result"]
+    return done
+
+
+def append_result(path: str | Path, plan_id: str, config: dict[str, Any], result: dict[str, Any]) -> None:
+    """One JSON line per finished configuration, flushed at once (after a newline if a killed sweep left
+    a torn last line)."""
+    line = json.dumps({"plan": plan_id, "key": config_key(config), "config": config, "result": result}) + "\n"
+    with open(path, "a+b") as f:
+        if f.tell():
+            f.seek(-1, 2)
+            if f.read(1) != b"\n":
+                line = "\n" + line
+        f.write(line.encode())
+        f.flush()
+
+
+Task = Callable[[Any, dict[str, Any]], dict[str, Any]]
+Done = Callable[[dict[str, Any], dict[str, Any]], None]
+
+
+def run_local(fn: Task, spec: Any, configs: list[dict[str, Any]], jobs: int, on_done: Done) -> None:
+    """`jobs` worker processes (inline when 1): each keeps its own cache of the workload's requests."""
+    if jobs <= 1 or len(configs) <= 1:
+        for config in configs:
+            on_done(config, fn(spec, config))
+        return
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    with ProcessPoolExecutor(max_workers=min(jobs, len(configs))) as pool:
+        futures = {pool.submit(fn, spec, config): i for i, config in enumerate(configs)}
+        try:
+            for fut in as_completed(futures):
+                on_done(configs[futures[fut]], fut.result())
+        except BaseException:
+            for fut in futures:
+                fut.cancel()
+            raise
+
+
+def run_ray(fn: Task, spec: Any, configs: list[dict[str, Any]], address: str, on_done: Done,
+            num_cpus: int | None = None) -> None:
+    """One Ray task per configuration; `address` 'auto' joins a running cluster or starts a local one."""
+    try:
+        import ray
+    except ImportError:
+        raise ValueError("--ray: ray is not installed (pip install ray)") from None
+    started = not ray.is_initialized()
+    if started:
+        ray.init(address=None if address in ("auto", "local") else address, num_cpus=num_cpus,
+                 include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
+    try:
+        remote = ray.remote(num_cpus=1)(fn)
+        spec_ref = ray.put(spec)
+        pending = {remote.remote(spec_ref, config): i for i, config in enumerate(configs)}
+        while pending:
+            ready, _ = ray.wait(list(pending), num_returns=1)
+            for ref in ready:
+                on_done(configs[pending.pop(ref)], ray.get(ref))
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def run_sweep(fn: Task, spec: Any, configs: Iterable[dict[str, Any]], on_done: Done, jobs: int = 1,
+              ray_address: str | None = None, ray_num_cpus: int | None = None) -> None:
+    configs = list(configs)
+    if not configs:
+        return
+    if ray_address:
+        run_ray(fn, spec, configs, ray_address, on_done, ray_num_cpus)
+    else:
+        run_local(fn, spec, configs, jobs, on_done)
