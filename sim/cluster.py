@@ -26,16 +26,14 @@ import pandas as pd
 
 from engine.core.config import CacheConfig, SchedulerConfig
 from engine.core.request import Request
-from engine.core.sampling_params import SamplingParams
 from engine.core.scheduler import Scheduler
 from sim.batch import batch_from_output
 from sim.cost_models.base import CostModel
 from sim.loop import SimulationError, _fewer_collections
 from sim.routers import Router, make_router
 from sim.runner import FakeModelRunner
-from sim.sources import SimRequest
+from sim.sources import SimRequest, make_request
 from traces.recorder import TraceRecorder
-from traces.schema import TABLES, arrow_schema, parquet_file, stream_file
 from traces.writer import TraceWriter
 
 REPLICA_COLUMN = "replica"
@@ -44,53 +42,10 @@ REQUEST_METRIC_COLUMNS = ("request_id", "arrival", "queued", "first_scheduled", 
                           "finish_reason", REPLICA_COLUMN)
 
 
-def make_request(r: SimRequest, block_size: int | None = None) -> Request:
-    """The scheduler request for a simulated one, as `Simulator.add_request` builds it; with `block_size`
-    its block hashes exist before routing (prefix-affinity reads them, the scheduler reuses them)."""
-    out = r.output_token_ids
-    if r.stop_at_end and out:
-        params = SamplingParams(max_tokens=r.max_tokens, min_tokens=len(out), temperature=0.0)
-        eos = out[-1]
-    else:
-        params = SamplingParams(max_tokens=r.max_tokens, temperature=0.0, ignore_eos=True)
-        eos = None
-    return Request(r.request_id, r.prompt_token_ids, params, eos_token_id=eos, arrival_time=r.arrival,
-                   priority=r.priority, block_size=block_size)
-
-
-class ClusterTraceWriter(TraceWriter):
-    """TraceWriter whose tables carry the `replica` column through compaction."""
-
-    def _compact(self) -> None:
-        import pyarrow.json as pj
-        import pyarrow.parquet as pq
-
-        from traces.reader import read_stream
-
-        import pyarrow as pa
-
-        for table, base in TABLES.items():
-            columns = (*base, REPLICA_COLUMN)
-            schema = arrow_schema(table).append(pa.field(REPLICA_COLUMN, pa.int64()))
-            src, dst = self.path / stream_file(table), self.path / parquet_file(table)
-            try:
-                if src.stat().st_size == 0:
-                    raise ValueError("empty stream")
-                reader = pj.open_json(src, read_options=pj.ReadOptions(block_size=16 << 20),
-                                      parse_options=pj.ParseOptions(explicit_schema=schema))
-                with pq.ParquetWriter(dst, reader.schema) as out:
-                    for batch in reader:
-                        out.write_batch(batch)
-            except (ValueError, OSError):
-                df, _ = read_stream(src, columns)
-                df.to_parquet(dst, index=False)
-            src.unlink()
-
-
 class _ReplicaWriter:
     """The writer a replica's TraceRecorder sees: stamps `replica` on each row, shares one directory."""
 
-    def __init__(self, writer: ClusterTraceWriter, index: int) -> None:
+    def __init__(self, writer: TraceWriter, index: int) -> None:
         self.writer, self.index = writer, index
 
     def write_rows(self, table: str, rows: list[dict[str, Any]]) -> None:
@@ -225,7 +180,7 @@ class Cluster:
         self.replicas = [Replica(i, self, scheduler_config, cache_config, seed, vocab_size)
                          for i in range(num_replicas)]
         self.trace_dir = Path(trace_dir) if trace_dir is not None else None
-        self.writer: ClusterTraceWriter | None = None
+        self.writer: TraceWriter | None = None
         if self.trace_dir is not None:
             full = {"source": "sim", **(meta or {}), "cost_model": {"name": cost_model.name, **cost_model.describe()},
                     "seed": seed, "cluster": {"replicas": num_replicas, "router": self.router.name,
@@ -233,7 +188,7 @@ class Cluster:
                                               "kv_blocks_per_replica": cache_config.num_gpu_blocks}}
             full.setdefault("config", {}).update(
                 {"scheduler": scheduler_config.to_dict(), "cache": cache_config.to_dict()})
-            self.writer = ClusterTraceWriter(self.trace_dir, full, flush_every=1024)
+            self.writer = TraceWriter(self.trace_dir, full, flush_every=1024, extra_int_columns=(REPLICA_COLUMN,))
             for r in self.replicas:
                 # Cluster-wide step numbers would make per-replica snapshots land at random steps: keep only step 0's.
                 r.recorder = TraceRecorder(_ReplicaWriter(self.writer, r.index), r.scheduler,

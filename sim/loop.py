@@ -23,12 +23,11 @@ from typing import Any
 
 from engine.core.config import CacheConfig, SchedulerConfig
 from engine.core.request import Request, RequestStatus
-from engine.core.sampling_params import SamplingParams
 from engine.core.scheduler import Scheduler
 from sim.batch import batch_from_output
 from sim.cost_models.base import CostModel
 from sim.runner import FakeModelRunner
-from sim.sources import SimRequest
+from sim.sources import SimRequest, make_request
 from traces.recorder import TraceRecorder
 from traces.writer import TraceWriter
 
@@ -84,18 +83,9 @@ class Simulator:
         self.num_added = 0
 
     def add_request(self, r: SimRequest) -> Request:
-        """As the engine adds one: greedy, EOS ignored unless the recorded request stopped on a token
-        (then that last token is its EOS and min_tokens keeps it from stopping earlier)."""
-        out = r.output_token_ids
-        if r.stop_at_end and out:
-            params = SamplingParams(max_tokens=r.max_tokens, min_tokens=len(out), temperature=0.0)
-            eos = out[-1]
-        else:
-            params = SamplingParams(max_tokens=r.max_tokens, temperature=0.0, ignore_eos=True)
-            eos = None
-        req = Request(r.request_id, r.prompt_token_ids, params, eos_token_id=eos, arrival_time=r.arrival,
-                      priority=r.priority)
-        self.runner.register(r.request_id, out)
+        """Add a request as the engine does (see `make_request`), at the current simulated time."""
+        req = make_request(r)
+        self.runner.register(r.request_id, r.output_token_ids)
         self.scheduler.add_request(req)
         self.recorder.on_add(req)
         if req.is_finished():

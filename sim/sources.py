@@ -13,6 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from engine.core.request import Request
+from engine.core.sampling_params import SamplingParams
+
 DEFAULT_VOCAB_SIZE = 32000
 
 
@@ -136,3 +139,18 @@ def _external_finishes(trace: Any, keep: set[str]) -> dict[int, list[tuple[str, 
         if (step, rid) not in scheduled and rid in keep:
             out.setdefault(int(step), []).append((rid, reason if isinstance(reason, str) else "abort"))
     return out
+
+
+def make_request(r: SimRequest, block_size: int | None = None) -> Request:
+    """The scheduler request for a simulated one: greedy, EOS ignored unless the recorded request stopped
+    on a token (then that last token is its EOS and min_tokens keeps it from stopping earlier); with `block_size`
+    its block hashes exist before routing (prefix-affinity reads them, the scheduler reuses them)."""
+    out = r.output_token_ids
+    if r.stop_at_end and out:
+        params = SamplingParams(max_tokens=r.max_tokens, min_tokens=len(out), temperature=0.0)
+        eos = out[-1]
+    else:
+        params = SamplingParams(max_tokens=r.max_tokens, temperature=0.0, ignore_eos=True)
+        eos = None
+    return Request(r.request_id, r.prompt_token_ids, params, eos_token_id=eos, arrival_time=r.arrival,
+                   priority=r.priority, block_size=block_size)

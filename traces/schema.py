@@ -49,8 +49,9 @@ _INT_LIST_COLUMNS = {"blocks_gained", "blocks_freed", "block_ids", "prompt_token
 _STR_LIST_COLUMNS = {"hashes", "holders"}
 
 
-def arrow_schema(table: str):
-    """Column types of a table, stated up front so a long stream converts to Parquet batch by batch."""
+def arrow_schema(table: str, extra_int_columns: tuple[str, ...] = ()):
+    """Column types of a table, stated up front so a long stream converts to Parquet batch by batch;
+    `extra_int_columns` are integer columns a writer adds to every table (a cluster's `replica`)."""
     import pyarrow as pa
 
     def kind(c: str):
@@ -64,4 +65,4 @@ def arrow_schema(table: str):
             return pa.list_(pa.large_string())
         return pa.bool_() if c == "cached" else pa.int64()
 
-    return pa.schema([(c, kind(c)) for c in TABLES[table]])
+    return pa.schema([(c, kind(c)) for c in TABLES[table]] + [(c, pa.int64()) for c in extra_int_columns])

@@ -39,7 +39,8 @@ class TraceWriter:
     The simulator passes a larger `flush_every`: a system call per table per simulated step would
     dominate the step itself."""
 
-    def __init__(self, path: str | Path, meta: dict[str, Any], flush_every: int = 1) -> None:
+    def __init__(self, path: str | Path, meta: dict[str, Any], flush_every: int = 1,
+                 extra_int_columns: tuple[str, ...] = ()) -> None:
         self.path = Path(path)
         self.path.mkdir(parents=True, exist_ok=True)
         for table in TABLES:
@@ -51,6 +52,7 @@ class TraceWriter:
         self._files: dict[str, BinaryIO] = {t: open(self.path / stream_file(t), "ab") for t in TABLES}
         self._buf: dict[str, list[bytes]] = {t: [] for t in TABLES}
         self.flush_every = flush_every
+        self.extra_int_columns = extra_int_columns
         self._steps_since_flush = 0
         self.closed = False
 
@@ -110,12 +112,13 @@ class TraceWriter:
             try:
                 if src.stat().st_size == 0:
                     raise ValueError("empty stream")
+                schema = arrow_schema(table, self.extra_int_columns)
                 reader = pj.open_json(src, read_options=pj.ReadOptions(block_size=16 << 20),
-                                      parse_options=pj.ParseOptions(explicit_schema=arrow_schema(table)))
+                                      parse_options=pj.ParseOptions(explicit_schema=schema))
                 with pq.ParquetWriter(dst, reader.schema) as out:
                     for batch in reader:
                         out.write_batch(batch)
             except (ValueError, OSError):
-                df, _ = read_stream(src, columns)
+                df, _ = read_stream(src, (*columns, *self.extra_int_columns))
                 df.to_parquet(dst, index=False)
             src.unlink()
