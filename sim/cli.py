@@ -56,6 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--cost-model", default=None, help="recorded | calibrated | roofline | PROFILE.json "
                    "(default: recorded for a trace, roofline for a workload)")
     r.add_argument("--profile", default=None, metavar="PROFILE.json", help="for calibrated (or roofline on cpu)")
+    r.add_argument("--step-noise", action="store_true",
+                   help="calibrated: scale each step by the measured scatter of step times (reproducible tails)")
     r.add_argument("--model", default=None, help=f"model preset for roofline (default: the trace's model, "
                    f"else {DEFAULT_ROOFLINE_MODEL})")
     r.add_argument("--hardware", default=None, help=f"h100 | h200 | a100 | l4 | ... (default {DEFAULT_HARDWARE})")
@@ -164,7 +166,8 @@ def replay(args: argparse.Namespace) -> int:
     source = open_source(args.source, args.vocab_size, args.max_requests, args.time_scale, exact_times=exact)
     model = args.model or source.model.get("hf_config") or DEFAULT_ROOFLINE_MODEL
     hardware = args.hardware or DEFAULT_HARDWARE
-    cost_model = get_cost_model(name, source.trace, model=model, hardware=hardware, profile=args.profile)
+    cost_model = get_cost_model(name, source.trace, model=model, hardware=hardware, profile=args.profile,
+                                step_noise=args.step_noise)
     sched, cache, how = build_configs(args, source, cost_model)
     tmp = None if args.trace else tempfile.TemporaryDirectory(prefix="stepscope-sim-")
     trace_dir = args.trace or tmp.name
