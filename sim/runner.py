@@ -35,14 +35,9 @@ class FakeModelRunner:
         self._base.pop(request_id, None)
 
     def execute(self, so: SchedulerOutput, requests: dict[str, Request]) -> ModelRunnerOutput:
-        """Rows in the engine runner's order (single-token rows first, then the rest, each in schedule
-        order), so the per-request outputs, and hence the trace rows, come out in the same order."""
-        items = so.num_scheduled_tokens
-        if not items:
-            return ModelRunnerOutput([], [])
-        ids = [rid for rid, n in items.items() if n == 1]
-        if len(ids) != len(items):
-            ids += [rid for rid, n in items.items() if n != 1]
+        """One token for each request whose prompt is now computed (its recorded one when known), none
+        for a partial prefill; the scheduler applies them in its own order, so row order is free."""
+        ids = list(so.num_scheduled_tokens)
         recorded, base, span = self._recorded, self._base, self.span
         sampled: list[list[int]] = []
         for rid in ids:

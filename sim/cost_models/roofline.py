@@ -240,7 +240,13 @@ class RooflineCostModel:
                 "bound": "compute" if compute >= memory else "memory", "time_s": max(compute, memory) + overhead}
 
     def step_time(self, batch: StepBatch, step: int) -> float:
-        return self.breakdown(batch)["time_s"]
+        """`breakdown(batch)["time_s"]` without building the breakdown (this runs once per simulated step)."""
+        hw, shape = self.hardware, self.shape
+        if batch.num_tokens == 0:
+            return hw.step_overhead
+        compute = shape.flops(batch) / hw.effective_flops
+        memory = shape.bytes_moved(batch) / hw.effective_bandwidth
+        return (compute if compute >= memory else memory) + hw.step_overhead + hw.seq_overhead * batch.num_seqs
 
     def num_gpu_blocks(self, block_size: int, gpu_memory_utilization: float = 0.9,
                        max_num_batched_tokens: int = 8192, kv_cache_memory: int | None = None) -> int:
