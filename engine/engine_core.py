@@ -134,6 +134,17 @@ class EngineCore:
         if self.trace is not None:
             self.trace.on_add(req)
 
+    def record_rejection(self, request_id: str, prompt_token_ids: list[int], arrival_time: float,
+                         reason: str) -> None:
+        """A request the frontend refused (bad prompt or params) still belongs in the trace."""
+        if self.trace is None:
+            return
+        req = Request(request_id, prompt_token_ids, SamplingParams(max_tokens=None), arrival_time=arrival_time)
+        req.status = RequestStatus.FINISHED_ERROR
+        req.error = reason
+        req.queued_time = req.finished_time = self.clock()
+        self.trace.on_add(req)
+
     def abort_requests(self, request_ids: list[str], status: RequestStatus = RequestStatus.FINISHED_ABORTED,
                        stop_reason: int | str | None = None) -> None:
         if self.trace is None:
@@ -196,6 +207,10 @@ class InprocClient:
         if obs.enabled:
             device = self.engine_core.executor.collective_rpc("describe_device")[0]
             self.engine_core.enable_tracing(obs.trace_dir, {"device": device}, obs.otlp_traces_endpoint)
+
+    def record_rejection(self, request_id: str, prompt_token_ids: list[int], arrival_time: float,
+                         reason: str) -> None:
+        self.engine_core.record_rejection(request_id, prompt_token_ids, arrival_time, reason)
 
     def update_trace_meta(self, **fields) -> None:
         if self.engine_core.trace is not None:

@@ -37,10 +37,13 @@ class LLMEngine:
             request, text = self.input_processor.process_inputs(request_id, prompt, params, arrival_time, priority)
         except ValueError as e:
             ids = prompt.get("prompt_token_ids", []) if isinstance(prompt, dict) else []
+            ids = [t for t in ids if isinstance(t, int)] if isinstance(ids, (list, tuple)) else []
+            arrival = time.monotonic() if arrival_time is None else arrival_time
             self._rejected.append(RequestOutput(
-                request_id, prompt if isinstance(prompt, str) else None, list(ids) if isinstance(ids, list) else [],
+                request_id, prompt if isinstance(prompt, str) else None, ids,
                 [CompletionOutput(0, "", [], finish_reason="error", stop_reason=str(e))], True,
-                RequestMetrics(time.monotonic()), error=str(e)))
+                RequestMetrics(arrival), error=str(e)))
+            self.engine_core.record_rejection(request_id, ids, arrival, str(e))
             return False
         self.output_processor.add_request(request_id, text, request.prompt_token_ids, request.sampling_params,
                                           request.arrival_time)

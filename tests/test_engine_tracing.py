@@ -148,3 +148,15 @@ def test_spans_reach_an_otlp_http_receiver():
     attrs = {a.key: a.value for a in req.attributes}
     assert attrs["gen_ai.usage.output_tokens"].int_value == 3
     assert attrs["gen_ai.request.model"].string_value == "builtin"
+
+
+def test_requests_refused_by_the_frontend_are_in_the_trace(tmp_path):
+    llm = LLM(device="cpu", kv_cache_memory=16 << 20, max_model_len=64, trace=str(tmp_path))
+    llm.generate([{"prompt_token_ids": list(range(5, 105))}, {"prompt_token_ids": [5, 6, 7]}],
+                 SamplingParams(max_tokens=3, temperature=0.0), use_tqdm=False)
+    llm.shutdown()
+    t = traces.load(tmp_path)
+    rows = t.requests.set_index("request_id")
+    assert rows.loc["0", "finish_reason"] == "error" and "max_model_len" in rows.loc["0", "error"]
+    assert rows.loc["0", "num_prompt_tokens"] == 100 and rows.loc["1", "finish_reason"] == "length"
+    assert list(t.decisions[t.decisions["event"] == "reject"]["request_id"]) == ["0"]
