@@ -167,15 +167,6 @@ class KVCacheManager:
     def get_block_ids(self, request_id: str) -> list[int]:
         return [b.block_id for b in self.req_to_blocks.get(request_id, ())]
 
-    def get_num_common_prefix_blocks(self, request_id: str, num_running: int) -> int:
-        """Leading blocks held by every running request (a cascade-attention hint, as in vLLM)."""
-        n = 0
-        for block in self.req_to_blocks.get(request_id, ()):
-            if block.ref_cnt != num_running:
-                break
-            n += 1
-        return n
-
     def reset_prefix_cache(self) -> bool:
         return self.block_pool.reset_prefix_cache()
 

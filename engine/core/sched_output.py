@@ -49,7 +49,6 @@ class SchedulerOutput:
     num_decode_tokens: int = 0
     prefix_hit_tokens: int = 0
     decode_req_ids: set[str] = field(default_factory=set)
-    num_common_prefix_blocks: int = 0
 
     def phase(self, req_id: str) -> str:
         return "decode" if req_id in self.decode_req_ids else "prefill"

@@ -200,15 +200,12 @@ class Scheduler:
             cached.num_computed_tokens.append(req.num_computed_tokens)
         total = sum(num_scheduled.values())
         finished, self.finished_req_ids = self.finished_req_ids, set()
-        common = 0
-        if self.running:
-            common = kv.get_num_common_prefix_blocks(self.running[0].request_id, len(self.running))
         return SchedulerOutput(
             scheduled_new_reqs=new_reqs, scheduled_cached_reqs=cached, num_scheduled_tokens=num_scheduled,
             total_num_scheduled_tokens=total, finished_req_ids=finished,
             preempted_req_ids=[r.request_id for r in preempted], preempted_block_ids=preempted_block_ids,
             num_prefill_tokens=total - num_decode_tokens, num_decode_tokens=num_decode_tokens,
-            prefix_hit_tokens=prefix_hit_tokens, decode_req_ids=decode_ids, num_common_prefix_blocks=common)
+            prefix_hit_tokens=prefix_hit_tokens, decode_req_ids=decode_ids)
 
     def _pick_victim(self) -> Request:
         if self.priority_policy:
