@@ -244,14 +244,17 @@ class Scheduler:
                 continue
             if req.first_token_time is None:
                 req.first_token_time = now
-            done = False
-            for k, tok in enumerate(new_ids):
-                req.append_output_token_ids(tok)
-                if check_stop(req):
-                    if k + 1 < len(new_ids):
+            if len(new_ids) == 1:
+                req.append_output_token_ids(new_ids[0])
+                done = check_stop(req)
+            else:
+                done = False
+                for k, tok in enumerate(new_ids):
+                    req.append_output_token_ids(tok)
+                    if check_stop(req):
                         new_ids = new_ids[:k + 1]
-                    done = True
-                    break
+                        done = True
+                        break
             cached = req.num_cached_tokens
             out = EngineCoreOutput(req_id, new_ids, None, None, cached if cached > 0 else 0,
                                    logprobs.get(req_id) if logprobs else None)
