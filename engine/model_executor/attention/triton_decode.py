@@ -22,6 +22,27 @@ MAX_SPLITS = 32
 
 
 @triton.jit
+def attend_tile(q, table, k_base, pos, valid, visible, dims, m_i, l_i, acc, qk_scale,
+                stride_c_kv, stride_c_blk, stride_c_pos, BLOCK_SIZE: tl.constexpr,
+                DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """One context tile of online softmax, shared by decode and prefill: gather the tile's K/V
+    through the block table, score (log2 units), mask to `visible`, rescale the running max, sum and
+    accumulator, add p @ V. Returns the new (max, sum, accumulator)."""
+    block = tl.load(table + pos // BLOCK_SIZE, mask=valid, other=0).to(tl.int64)
+    offs = block * stride_c_blk + (pos % BLOCK_SIZE) * stride_c_pos
+    k = tl.load(k_base + offs[:, None] + dims[None, :], mask=valid[:, None], other=0.0)
+    v = tl.load(k_base + stride_c_kv + offs[:, None] + dims[None, :], mask=valid[:, None], other=0.0)
+    s = tl.dot(q, tl.trans(k).to(DOT_DTYPE), input_precision=DOT_PRECISION) * qk_scale
+    s = tl.where(visible, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v.to(DOT_DTYPE), input_precision=DOT_PRECISION)
+    return m_new, l_i, acc
+
+
+@triton.jit
 def _decode_kernel(
     q_ptr, cache_ptr, block_table_ptr, seq_lens_ptr, out_ptr, part_acc_ptr, part_ml_ptr,
     stride_qt, stride_qh, stride_ot, stride_oh,
@@ -53,18 +74,8 @@ def _decode_kernel(
     for tile_start in range(start, end, TILE):
         pos = tile_start + tl.arange(0, TILE)
         valid = pos < end
-        block = tl.load(table + pos // BLOCK_SIZE, mask=valid, other=0).to(tl.int64)
-        offs = block * stride_c_blk + (pos % BLOCK_SIZE) * stride_c_pos
-        k = tl.load(k_base + offs[:, None] + dims[None, :], mask=valid[:, None], other=0.0)
-        v = tl.load(k_base + stride_c_kv + offs[:, None] + dims[None, :], mask=valid[:, None], other=0.0)
-        s = tl.dot(q, tl.trans(k).to(DOT_DTYPE), input_precision=DOT_PRECISION) * qk_scale
-        s = tl.where(valid[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v.to(DOT_DTYPE), input_precision=DOT_PRECISION)
-        m_i = m_new
+        m_i, l_i, acc = attend_tile(q, table, k_base, pos, valid, valid[None, :], dims, m_i, l_i, acc, qk_scale,
+                                    stride_c_kv, stride_c_blk, stride_c_pos, BLOCK_SIZE, DOT_DTYPE, DOT_PRECISION)
 
     if NUM_SPLITS == 1:
         out = acc / l_i[:, None]

@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.model_executor.attention.triton_decode import LOG2E, dot_config
+from engine.model_executor.attention.triton_decode import LOG2E, attend_tile, dot_config
 
 BLOCK_M = 64   # rows per program: query tokens x query heads of the kv group
 TILE_N = 64    # context tokens per inner step
@@ -59,18 +59,9 @@ def _prefill_kernel(
     for tile_start in range(0, kv_end, TILE):
         pos = tile_start + tl.arange(0, TILE)
         valid = pos < kv_end
-        block = tl.load(table + pos // BLOCK_SIZE, mask=valid, other=0).to(tl.int64)
-        offs = block * stride_c_blk + (pos % BLOCK_SIZE) * stride_c_pos
-        k = tl.load(k_base + offs[:, None] + dims[None, :], mask=valid[:, None], other=0.0)
-        v = tl.load(k_base + stride_c_kv + offs[:, None] + dims[None, :], mask=valid[:, None], other=0.0)
-        s = tl.dot(q, tl.trans(k).to(DOT_DTYPE), input_precision=DOT_PRECISION) * qk_scale
-        s = tl.where(valid[None, :] & (pos[None, :] <= q_pos[:, None]), s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v.to(DOT_DTYPE), input_precision=DOT_PRECISION)
-        m_i = m_new
+        visible = valid[None, :] & (pos[None, :] <= q_pos[:, None])
+        m_i, l_i, acc = attend_tile(q, table, k_base, pos, valid, visible, dims, m_i, l_i, acc, qk_scale,
+                                    stride_c_kv, stride_c_blk, stride_c_pos, BLOCK_SIZE, DOT_DTYPE, DOT_PRECISION)
 
     out = acc / l_i[:, None]
     o_off = row[:, None] * stride_ot + heads[:, None] * stride_oh + dims[None, :]
