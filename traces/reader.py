@@ -75,7 +75,16 @@ class Trace:
                 f"requests={len(self.requests)}, complete={self.complete})")
 
 
-def load(path: str | Path) -> Trace:
+def _arrow_lists(ty):
+    import pyarrow as pa
+
+    return pd.ArrowDtype(ty) if pa.types.is_list(ty) or pa.types.is_large_list(ty) else None
+
+
+def load(path: str | Path, arrow_lists: bool = False) -> Trace:
+    """Read a trace directory. `arrow_lists` keeps Parquet list columns (block ids, token ids) in Arrow
+    instead of building a Python list per row: a 100k-step trace then opens in a fraction of the time
+    (the TUI uses it)."""
     root = Path(path)
     meta_path = root / META_FILE
     if not root.is_dir():
@@ -94,7 +103,12 @@ def load(path: str | Path) -> Trace:
     for table, columns in TABLES.items():
         pq = root / parquet_file(table)
         if pq.is_file():
-            tables[table] = pd.read_parquet(pq)
+            if arrow_lists:
+                import pyarrow.parquet
+
+                tables[table] = pyarrow.parquet.read_table(pq).to_pandas(types_mapper=_arrow_lists)
+            else:
+                tables[table] = pd.read_parquet(pq)
         else:
             tables[table], cut = read_stream(root / stream_file(table), columns)
             if cut:
