@@ -150,8 +150,7 @@ class EngineCore:
         if self.trace is None:
             self.scheduler.finish_requests(request_ids, status, stop_reason)
             return
-        live = [self.scheduler.requests[r] for r in request_ids if r in self.scheduler.requests]
-        self.trace.on_abort(self.scheduler.finish_requests(request_ids, status, stop_reason), live)
+        self.trace.on_abort(self.scheduler.finish_requests(request_ids, status, stop_reason))
 
     def has_work(self) -> bool:
         return self.scheduler.has_unfinished_requests() or self.scheduler.has_pending_outputs()
@@ -179,14 +178,11 @@ class EngineCore:
         t_sample = clock()
         runner_output = self.executor.sample_tokens()
         t_update = clock()
-        requests = self.scheduler.requests
-        scheduled = [requests[rid] for rid in scheduler_output.num_scheduled_tokens]
         outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
         t_end = clock()
         self.num_steps += 1
         self.num_preemptions += len(scheduler_output.preempted_req_ids)
-        self.trace.on_step(scheduler_output, outputs, (t_sched, t_exec, t_sample, t_update, t_end),
-                           [r for r in scheduled if r.is_finished()])
+        self.trace.on_step(scheduler_output, outputs, (t_sched, t_exec, t_sample, t_update, t_end))
         return outputs
 
     def shutdown(self, **final_meta) -> None:

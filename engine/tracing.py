@@ -156,6 +156,7 @@ class EngineTrace:
 
         self.writer = None
         self.recorder = None
+        self._live: dict[str, Request] = {}
         spans_path = None
         if trace_dir is not None:
             Path(trace_dir).mkdir(parents=True, exist_ok=True)
@@ -170,23 +171,29 @@ class EngineTrace:
     def on_add(self, request: Request) -> None:
         if self.recorder is not None:
             self.recorder.on_add(request)
+        elif not request.is_finished():
+            self._live[request.request_id] = request
         if request.is_finished():
             self.spans.request(request)
 
-    def on_abort(self, freed: dict[str, list[int]], requests: list[Request]) -> None:
-        if self.recorder is not None:
-            self.recorder.on_abort(freed)
-        for r in requests:
+    def _pop(self, request_ids) -> list[Request]:
+        """Without a trace directory, requests are followed here for their spans."""
+        return [r for rid in request_ids if (r := self._live.pop(rid, None)) is not None]
+
+    def on_abort(self, freed: dict[str, list[int]]) -> None:
+        ended = self.recorder.on_abort(freed) if self.recorder is not None else self._pop(freed)
+        for r in ended:
             self.spans.request(r)
 
-    def on_step(self, so, outputs, times: tuple[float, float, float, float, float], finished: list[Request]) -> None:
+    def on_step(self, so, outputs, times: tuple[float, float, float, float, float]) -> None:
         t_sched, t_exec, t_sample, t_update, t_end = times
         if self.recorder is not None:
             step = self.recorder.step
-            self.recorder.on_step(so, outputs, t_sched, t_end, t_exec - t_sched, t_sample - t_exec,
-                                  t_update - t_sample)
+            finished = self.recorder.on_step(so, outputs, t_sched, t_end, t_exec - t_sched, t_sample - t_exec,
+                                             t_update - t_sample)
         else:
             step = -1
+            finished = self._pop(o.request_id for o in outputs.outputs if o.finish_reason is not None)
         stats = outputs.scheduler_stats
         self.spans.step(step, times, {
             "num_scheduled_tokens": so.total_num_scheduled_tokens, "num_prefill_tokens": so.num_prefill_tokens,

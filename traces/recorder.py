@@ -39,7 +39,9 @@ class TraceRecorder:
         else:
             self.live[request.request_id] = request
 
-    def on_abort(self, freed: dict[str, list[int]]) -> None:
+    def on_abort(self, freed: dict[str, list[int]]) -> list[Request]:
+        """Requests ended from outside between steps; returns those it was following."""
+        ended = []
         for rid, blocks in freed.items():
             req = self.live.pop(rid, None)
             reason = req.get_finish_reason() if req else "abort"
@@ -47,10 +49,14 @@ class TraceRecorder:
             self._pending_decisions.append(self._decision(rid, event, blocks_freed=blocks, finish_reason=reason))
             if req is not None:
                 self._pending_requests.append(self._request_row(req))
+                ended.append(req)
+        return ended
 
     def on_step(self, so: SchedulerOutput, outputs: EngineCoreOutputs, start: float, end: float,
-                schedule_time: float = 0.0, execute_time: float = 0.0, sample_time: float = 0.0) -> None:
+                schedule_time: float = 0.0, execute_time: float = 0.0, sample_time: float = 0.0) -> list[Request]:
+        """Record the step; returns the requests that finished in it."""
         step = self.step
+        finished: list[Request] = []
         decisions, self._pending_decisions = self._pending_decisions, []
         requests, self._pending_requests = self._pending_requests, []
         for d in decisions:
@@ -81,6 +87,7 @@ class TraceRecorder:
             req = self.live.pop(out.request_id, None)
             if req is not None:
                 requests.append(self._request_row(req))
+                finished.append(req)
         sched, pool = self.scheduler, self.kv.block_pool
         self.writer.write_rows("decisions", decisions)
         self.writer.write_rows("requests", requests)
@@ -98,6 +105,7 @@ class TraceRecorder:
             "schedule_time": schedule_time, "execute_time": execute_time, "sample_time": sample_time}])
         self.writer.flush()
         self.step += 1
+        return finished
 
     def _write_block_events(self, step: int) -> None:
         events = self.kv.events
