@@ -18,7 +18,6 @@ CPU_SCALE = {"num_requests": 48, "length_factor": 0.125}
 
 @dataclass(slots=True)
 class RunResult:
-    trace_dir: Path
     num_submitted: int
     interrupted: bool
     wall_time: float
@@ -53,8 +52,7 @@ def run_workload(engine, workload, time_scale: float = 1.0, max_requests: int | 
         interrupted = True
     finally:
         bar.close()
-    return RunResult(Path(engine.config.observability_config.trace_dir or ""), submitted, interrupted,
-                     time.monotonic() - start)
+    return RunResult(submitted, interrupted, time.monotonic() - start)
 
 
 def main_run(args) -> int:
