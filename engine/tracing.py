@@ -10,7 +10,8 @@ import queue
 import threading
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 from google.protobuf.json_format import MessageToJson
 from opentelemetry import trace

@@ -15,7 +15,8 @@ import json
 import math
 from dataclasses import asdict, dataclass
 from functools import lru_cache
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import numpy as np
 

@@ -1,7 +1,7 @@
 """The workload YAML schema as pydantic models; extra="forbid" so a typo fails loudly instead of being ignored."""
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
@@ -64,7 +64,7 @@ class TraceArrival(_Strict):
 
 
 Arrival = Annotated[
-    Union[PoissonArrival, GammaArrival, ConstantArrival, OnOffArrival, TraceArrival],
+    PoissonArrival | GammaArrival | ConstantArrival | OnOffArrival | TraceArrival,
     Field(discriminator="process"),
 ]
 
@@ -144,7 +144,7 @@ class EmpiricalLength(_Clipped):
 
 
 LengthDist = Annotated[
-    Union[FixedLength, UniformLength, NormalLength, LognormalLength, ZipfLength, EmpiricalLength],
+    FixedLength | UniformLength | NormalLength | LognormalLength | ZipfLength | EmpiricalLength,
     Field(discriminator="dist"),
 ]
 

@@ -3,7 +3,8 @@ per-request seeded generators and top-k logprobs of the raw logits, all as whole
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 import torch
 from torch import nn

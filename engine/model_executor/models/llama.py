@@ -5,7 +5,8 @@ Projections are merged (qkv, gate_up) so each layer runs two big matmuls instead
 """
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any
+from collections.abc import Iterable
 
 import torch
 from torch import nn
