@@ -22,6 +22,9 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, Spa
 
 from engine.core.request import Request
 
+# `gen_ai.provider.name` is required by the GenAI conventions; a self-hosted engine names itself.
+PROVIDER_NAME = "stepscope"
+
 
 class OTLPJsonLinesExporter(SpanExporter):
     """Writes each exported batch as one ExportTraceServiceRequest JSON line and flushes it."""
@@ -120,23 +123,30 @@ class EngineSpans:
         root.end(end_time=self.to_ns(t_end))
 
     def _request_span(self, r: Request) -> None:
-        """GenAI semantic-convention names, plus the latency breakdown vLLM puts on llm_request."""
+        """GenAI semantic-convention names (provider name required since semconv 1.37; prefix-cache hits as
+        `cache_read.input_tokens`), plus the `gen_ai.latency.*` breakdown vLLM puts on llm_request."""
         p = r.sampling_params
         end = r.finished_time if r.finished_time is not None else time.monotonic()
         attrs: dict[str, Any] = {
             "gen_ai.operation.name": "text_completion",
+            "gen_ai.provider.name": PROVIDER_NAME,
             "gen_ai.request.model": self.model_name,
             "gen_ai.request.id": r.request_id,
             "gen_ai.request.max_tokens": r.max_tokens or 0,
             "gen_ai.request.temperature": p.temperature,
             "gen_ai.request.top_p": p.top_p,
+            "gen_ai.request.top_k": p.top_k,
             "gen_ai.usage.input_tokens": r.num_prompt_tokens,
+            "gen_ai.usage.cache_read.input_tokens": max(r.num_cached_tokens, 0),
             "gen_ai.usage.output_tokens": r.num_output_tokens,
             "gen_ai.response.finish_reasons": [r.get_finish_reason() or "unfinished"],
             "gen_ai.latency.e2e": end - r.arrival_time,
-            "stepscope.num_cached_tokens": max(r.num_cached_tokens, 0),
             "stepscope.num_preemptions": r.num_preemptions,
         }
+        if p.seed is not None:
+            attrs["gen_ai.request.seed"] = p.seed
+        if p.stop:
+            attrs["gen_ai.request.stop_sequences"] = list(p.stop)
         if r.first_scheduled_time is not None:
             attrs["gen_ai.latency.time_in_queue"] = r.first_scheduled_time - r.arrival_time
             if r.first_token_time is not None:
