@@ -150,6 +150,14 @@ def build_cluster_parts(config: dict[str, Any]) -> tuple[Any, Any, Any]:
     return sched, cache, cost
 
 
+def _median_tpot(done: Any) -> float | None:
+    """Median time per output token after the first: its inverse is the decode speed one user sees."""
+    from traces.summary import request_latencies
+
+    tpot = request_latencies(done)["tpot"].dropna()
+    return float(tpot.median()) if len(tpot) else None
+
+
 def _latency(req: Any, metric: str) -> float:
     """One finished request's latency (NaN: a TPOT of one token); inf for a request that did not finish."""
     if req.status.finish_reason not in ("stop", "length"):
@@ -214,6 +222,7 @@ def evaluate_config(spec: PlanSpec, config: dict[str, Any]) -> dict[str, Any]:
                 p["mean_output_tokens"] = float(done["num_output_tokens"].mean()) if len(done) else 0.0
                 p["prefix_hit_rate"] = (float(done["num_cached_tokens"].sum() / done["num_prompt_tokens"].sum())
                                         if len(done) else 0.0)
+                p["tpot_p50"] = _median_tpot(done)
             except SimulationError as e:
                 p = {"meets": False, "error": str(e)}
             points[rate] = {"rate": rate, **p}
@@ -228,5 +237,6 @@ def evaluate_config(spec: PlanSpec, config: dict[str, Any]) -> dict[str, Any]:
     return {"max_rate": rate, "capped": capped, "attainment": best.get("attainment", 0.0),
             "mean_output_tokens": best.get("mean_output_tokens", 0.0),
             "prefix_hit_rate": best.get("prefix_hit_rate", 0.0),
+            "user_tok_s": 1.0 / best["tpot_p50"] if best.get("tpot_p50") else None,
             "slo_measured": {s.label: best.get(s.label) for s in slos},
             "points": [points[r] for r in sorted(points)]}
