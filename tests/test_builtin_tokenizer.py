@@ -2,7 +2,7 @@ import pytest
 from transformers import AutoConfig
 
 from engine.builtin import BUILTIN_DIR
-from engine.builtin.build_tokenizer import EOS_TOKEN, build
+from tools.build_tokenizer import EOS_TOKEN, build
 from engine.tokenizer import get_tokenizer
 
 TEXTS = [
