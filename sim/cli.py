@@ -11,7 +11,7 @@ import argparse
 import json
 import os
 import sys
-import tempfile
+import time
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -52,7 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command")
     r = sub.add_parser("replay", help="simulate a workload file or replay an engine trace directory")
     r.add_argument("source", metavar="FILE.yaml|TRACE_DIR")
-    r.add_argument("--trace", default=None, metavar="DIR", help="write the trace here (default: a temp dir)")
+    r.add_argument("--trace", default=None, metavar="DIR",
+                   help="write the trace here (default: runs/<source>-sim-<date-time>/)")
     r.add_argument("--cost-model", default=None, help="recorded | calibrated | roofline | PROFILE.json "
                    "(default: recorded for a trace, roofline for a workload)")
     r.add_argument("--profile", default=None, metavar="PROFILE.json", help="for calibrated (or roofline on cpu)")
@@ -157,6 +158,7 @@ def replay(args: argparse.Namespace) -> int:
     from sim.loop import Simulator
     from sim.report import format_sim_summary, load_for_summary, parse_slo, sim_summary, write_plots
     from sim.sources import open_source
+    from traces.describe import describe_replay
 
     _check_flags(args)
     slos = parse_slo(args.slo) if args.slo is not None else None
@@ -169,14 +171,13 @@ def replay(args: argparse.Namespace) -> int:
     cost_model = get_cost_model(name, source.trace, model=model, hardware=hardware, profile=args.profile,
                                 step_noise=args.step_noise)
     sched, cache, how = build_configs(args, source, cost_model)
-    tmp = None if args.trace else tempfile.TemporaryDirectory(prefix="stepscope-sim-")
-    trace_dir = args.trace or tmp.name
-    model_meta = dict(source.model) if name == "recorded" else {
-        "model": model if isinstance(model, str) else "hf_config", "source": "sim",
-        **({} if isinstance(model, str) else {"hf_config": model})}
+    trace_dir = args.trace or default_trace_dir(source.path)
+    model_meta, simulated_hardware = _simulated_model(name, source, model, hardware, cost_model.describe())
     meta = {"config": {"model": model_meta}, "workload": source.meta,
-            "device": {"type": "sim", "hardware": None if name == "recorded" else hardware},
+            "device": {"type": "sim", "hardware": simulated_hardware},
             "kv_cache": {"num_blocks": cache.num_gpu_blocks, "block_size": cache.block_size, "how": how}}
+    if not args.json:
+        print(describe_replay(source.path, source.num_requests, meta, cost_model.describe(), sched, cache))
     sim = Simulator(sched, cache, cost_model, trace_dir, meta, seed=args.seed or 0, vocab_size=args.vocab_size,
                     follow_recorded=exact)
     result = sim.run(source.requests, source.external_finishes, source.num_requests, progress=not args.no_progress)
@@ -193,11 +194,35 @@ def replay(args: argparse.Namespace) -> int:
         paths = write_plots(trace, args.plots)
         if not args.json:
             print(f"plots: {', '.join(str(p) for p in paths)}")
-    if tmp is not None:
-        tmp.cleanup()
-    elif not args.json:
-        print(f"trace: {trace_dir}")
+    if not args.json:
+        print(f"trace: {trace_dir}  (tui {trace_dir})")
     return 130 if result.interrupted else 0
+
+
+def default_trace_dir(source: Path, now: float | None = None) -> str:
+    """`runs/<source name>-sim-<date-time>/`: a replay without --trace keeps its trace where the user finds it."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
+    base = Path("runs") / f"{source.stem if source.is_file() else source.name}-sim-{stamp}"
+    path, n = base, 1
+    while path.exists():
+        n += 1
+        path = base.with_name(f"{base.name}-{n}")
+    return str(path)
+
+
+def _simulated_model(name: str, source: Any, model: Any, hardware: str,
+                     cost: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+    """What the simulated run is a run of: a recorded replay is the traced engine's model and device, a
+    calibrated profile the model and device it was fitted on, a roofline the preset on the table's hardware."""
+    if name == "recorded":
+        return dict(source.model), None
+    fitted = cost.get("model") if isinstance(cost.get("model"), dict) else {}
+    if fitted.get("model"):
+        device = cost.get("device") or {}
+        return {**fitted, "source": "sim"}, device.get("name") or device.get("type")
+    if isinstance(model, str):
+        return {"model": model, "source": "sim"}, hardware
+    return {"model": source.model.get("model") or "hf_config", "source": "sim", "hf_config": model}, hardware
 
 
 def compare(args: argparse.Namespace) -> int:

@@ -48,3 +48,33 @@ def describe_run(meta: dict[str, Any]) -> str:
     if meta.get("cost_model"):
         parts.append(describe_cost_model(meta["cost_model"]))
     return " · ".join(parts)
+
+
+def scheduling_mode(scheduler: dict[str, Any], cache: dict[str, Any]) -> str:
+    """The scheduler settings that decide steps, in vLLM's words."""
+    def on(key: str, where: dict[str, Any], default: bool) -> str:
+        return "on" if where.get(key, default) else "off"
+
+    chunked = on("enable_chunked_prefill", scheduler, True)
+    threshold = scheduler.get("long_prefill_token_threshold") or 0
+    return (f"{'async' if scheduler.get('async_scheduling') else 'sync'} scheduling, "
+            f"{scheduler.get('policy', 'fcfs')}, max_num_seqs {scheduler.get('max_num_seqs')}, "
+            f"{scheduler.get('max_num_batched_tokens')} tokens/step, chunked prefill {chunked}"
+            + (f" (chunks <= {threshold})" if threshold else "")
+            + f", prefix caching {on('enable_prefix_caching', cache, True)}, full-sequence admission "
+            f"{on('scheduler_reserve_full_isl', scheduler, False)}")
+
+
+def describe_replay(source: Any, num_requests: int | None, meta: dict[str, Any], cost: dict[str, Any],
+                    scheduler: Any, cache: Any) -> str:
+    """What `sim replay` is about to simulate, printed before its numbers: source, model, hardware, cost
+    model, KV cache, context length and scheduling mode."""
+    from dataclasses import asdict
+
+    sched, kv = asdict(scheduler), meta.get("kv_cache") or {}
+    count = f"{num_requests} requests" if num_requests is not None else "requests as they come"
+    return "\n".join([
+        f"simulating {source} ({count}): {describe_run({'source': 'sim', **meta, 'cost_model': cost})}",
+        f"  KV cache {kv.get('num_blocks')} blocks x {kv.get('block_size')} tokens ({kv.get('how')}); "
+        f"max_model_len {sched.get('max_model_len')}",
+        f"  {scheduling_mode(sched, asdict(cache))}"])
