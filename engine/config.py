@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -98,6 +99,8 @@ class EngineArgs:
     device: str = field(default="auto", metadata=_help("auto | cpu | cuda"))
     seed: int = field(default=0, metadata=_help("seed for dummy weights and unseeded sampling"))
     max_model_len: int | None = field(default=None, metadata=_help("context length (default: the model's)"))
+    hf_overrides: dict | str | None = field(default=None, metadata=_help(
+        "JSON object of model config fields to override, e.g. '{\"max_position_embeddings\": 8192}'"))
     max_num_seqs: int = field(default=256, metadata=_help("max requests in one step"))
     max_num_batched_tokens: int | None = field(default=None, metadata=_help("token budget per step"))
     block_size: int = field(default=16, metadata=_help("tokens per KV block"))
@@ -178,11 +181,33 @@ class EngineArgs:
         if self.tokenizer:
             tok_dir = Path(self.tokenizer)
         dtype = resolve_dtype(self.dtype, device)
+        overrides = parse_hf_overrides(self.hf_overrides)
+        if overrides:
+            hf_config.update(overrides)
         limit = getattr(hf_config, "max_position_embeddings", None) or 4096
         max_model_len = self.max_model_len or limit
         if max_model_len < 1:
             raise ValueError(f"max_model_len: must be >= 1, got {max_model_len}")
+        if max_model_len > limit:
+            # Positions past the model's table have no rotary embedding: refuse now, not at the first long step.
+            raise ValueError(f"max_model_len: {max_model_len} is more than the model's max_position_embeddings="
+                             f"{limit}; lower --max-model-len or override it with --hf-overrides "
+                             f"'{{\"max_position_embeddings\": {max_model_len}}}'")
         return ModelConfig(name, source, hf_config, model_dir, tok_dir, load_format, dtype, self.seed, max_model_len)
+
+
+def parse_hf_overrides(value: dict | str | None) -> dict:
+    """vLLM's hf_overrides: a dict from Python, a JSON object from the command line."""
+    if value is None or value == "":
+        return {}
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"hf_overrides: not valid JSON ({e.msg} at character {e.pos}): {value!r}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"hf_overrides: must be a JSON object of config fields, got {type(value).__name__}")
+    return value
 
 
 def resolve_device(device: str) -> str:
