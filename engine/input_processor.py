@@ -15,6 +15,8 @@ class InputProcessor:
         self.max_model_len = config.model_config.max_model_len
         self.vocab_size = config.model_config.hf_config.vocab_size
         self.eos_token_id = config.model_config.eos_token_id
+        self.why_no_tokenizer = ("the engine was started with skip_tokenizer_init=True"
+                                 if config.model_config.skip_tokenizer_init else "this model has none")
 
     def process_inputs(self, request_id: str, prompt: str | dict, params: SamplingParams | None,
                        arrival_time: float | None = None, priority: int = 0) -> tuple[EngineCoreRequest, str | None]:
@@ -35,6 +37,9 @@ class InputProcessor:
             raise ValueError(f"sampling_params: expected SamplingParams, got {type(params).__name__}")
         params.verify()  # again: the dataclass may have been changed since it was built
         params.verify_token_ids(self.vocab_size)
+        if params.stop and self.tokenizer is None:
+            raise ValueError(f"SamplingParams.stop: stop strings need a tokenizer and {self.why_no_tokenizer}; "
+                             f"use stop_token_ids")
         text, ids = self._tokens(prompt)
         if not ids:
             raise ValueError("prompt: is empty")
@@ -48,7 +53,8 @@ class InputProcessor:
     def _tokens(self, prompt: str | dict) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):
             if self.tokenizer is None:
-                raise ValueError("prompt: text needs a tokenizer; this model has none, pass prompt_token_ids")
+                raise ValueError(f"prompt: text needs a tokenizer and {self.why_no_tokenizer}; "
+                                 f"pass {{'prompt_token_ids': [...]}}")
             return prompt, self.tokenizer.encode(prompt, add_special_tokens=False)
         if isinstance(prompt, dict) and "prompt_token_ids" in prompt:
             ids = prompt["prompt_token_ids"]

@@ -19,7 +19,11 @@ class LLMEngine:
 
         self.config = config
         tok_dir = config.model_config.tokenizer_dir
-        self.tokenizer = get_tokenizer(tok_dir) if tok_dir is not None else None
+        try:
+            self.tokenizer = get_tokenizer(tok_dir) if tok_dir is not None else None
+        except ValueError as e:
+            raise ValueError(f"tokenizer: {e}; pass tokenizer=PATH (--tokenizer), or skip_tokenizer_init=True "
+                             f"(--skip-tokenizer-init) to serve token-id prompts only") from None
         self.input_processor = InputProcessor(config, self.tokenizer)
         self.output_processor = OutputProcessor(self.tokenizer)
         self.engine_core = InprocClient(config)

@@ -44,3 +44,11 @@ def test_lazy_llm_attribute_needs_torch_only_when_touched():
 def test_other_torch_free_packages_import_without_torch():
     res = _run("import sim, traces, tui; print('ok')")
     assert res.returncode == 0, res.stderr
+
+
+def test_model_shapes_and_roofline_import_without_torch():
+    res = _run("from engine.core.model_shapes import MODEL_CONFIGS\n"
+               "from sim.cost_models.roofline import model_shape\n"
+               "print(model_shape('llama-3.1-8b').max_positions, 'torch' in sys.modules)")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == ["131072", "False"]
