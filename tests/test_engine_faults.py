@@ -115,3 +115,29 @@ def test_token_id_outside_vocabulary_or_not_an_int_is_refused(llm, ids, what):
     out = llm.generate({"prompt_token_ids": ids}, GREEDY, use_tqdm=False)[0]
     assert out.outputs[0].finish_reason == "error" and what in out.error
     assert out.error.startswith(f"request {out.request_id}: prompt_token_ids")
+
+
+def test_failed_step_is_in_the_trace_with_its_requests_ended_by_the_error(tmp_path, monkeypatch):
+    import traces
+
+    llm = LLM(device="cpu", kv_cache_memory=16 << 20, max_model_len=128, trace=str(tmp_path))
+    _fail_once(llm, monkeypatch, "execute_model", after_calls=1)
+    outs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
+    llm.generate(PROMPTS[:1], GREEDY, use_tqdm=False)
+    llm.shutdown()
+    t = traces.load(tmp_path)
+    rows = t.requests.set_index("request_id")
+    for out in outs:
+        assert rows.loc[out.request_id, "finish_reason"] == "error"
+        assert rows.loc[out.request_id, "error"] == "RuntimeError: injected fault"
+    assert t.complete and len(t.requests) == 3 and rows.loc["2", "finish_reason"] == "length"
+    finishes = t.decisions[t.decisions["event"] == "finish"]
+    assert set(finishes["request_id"]) == {"0", "1", "2"}
+
+
+def test_cli_sampling_seed_beyond_64_bits_is_one_line_exit_2(capsys):
+    from engine.cli import main
+
+    assert main(["generate", "--device", "cpu", "--sampling-seed", str(2**64), "hi"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.startswith("engine generate: error: SamplingParams.seed:")
