@@ -13,6 +13,7 @@ from engine.config import DEFAULT_CPU_KV_CACHE_MEMORY, EngineConfig
 from engine.core.outputs import EngineCoreOutput, EngineCoreOutputs
 from engine.core.request import Request, RequestStatus
 from engine.core.sampling_params import SamplingParams
+from engine.core.sched_output import SchedulerOutput
 from engine.core.scheduler import Scheduler
 from engine.executor import UniProcExecutor
 
@@ -171,7 +172,7 @@ class EngineCore:
             return self._fail_step(scheduler_output, e)
         return self.scheduler.update_from_output(scheduler_output, runner_output)
 
-    def _fail_step(self, scheduler_output, error: Exception) -> EngineCoreOutputs:
+    def _fail_step(self, scheduler_output: SchedulerOutput, error: Exception) -> EngineCoreOutputs:
         """The forward or sampling raised: end exactly this step's requests with the error (their blocks
         freed, their advanced progress gone with them) so every other request keeps being served."""
         scheduler = self.scheduler
