@@ -7,17 +7,19 @@ import pytest
 from core_helpers import fake_output, make_requests, make_scheduler
 
 import traces
+from engine.core.model_shapes import PRESET_NAMES, get_model_config
 from sim.batch import StepBatch, batch_from_output
 from sim.calibrate import batches_from_trace, calibrate, main_calibrate
 from sim.cost_models.calibrated import COEFFICIENTS, CalibratedCostModel, fit_nnls, load_profile, nnls
-from sim.cost_models.roofline import BUILTIN_CONFIG, RooflineCostModel, model_shape
+from sim.cost_models.hardware import get_hardware
+from sim.cost_models.roofline import RooflineCostModel, model_shape
 from traces.recorder import TraceRecorder
 from traces.writer import TraceWriter
 
 TRUE = {"c0": 2e-3, "c_p": 5e-5, "c_d": 2e-4, "c_ctx": 1e-6, "c_attn": 1e-7, "c_seq": 1e-4}
 META = {"source": "engine", "device": {"type": "cpu", "name": "test-cpu"},
         "config": {"model": {"model": "builtin", "architecture": "Qwen3ForCausalLM", "dtype": "float32",
-                             "hf_config": json.loads(BUILTIN_CONFIG.read_text())}}}
+                             "hf_config": get_model_config("builtin")}}}
 
 
 def law(b: StepBatch) -> float:
@@ -283,3 +285,13 @@ def test_step_noise_reproduces_the_measured_scatter_deterministically():
     assert times == [noisy.step_time(batch, i) for i in range(2000)]
     ratios = sorted(t / law for t in times)
     assert ratios[100] == pytest.approx(0.55, abs=0.01) and ratios[1900] == pytest.approx(1.45, abs=0.01)
+
+
+@pytest.mark.parametrize("name", PRESET_NAMES)
+def test_roofline_context_length_is_the_presets(name):
+    assert RooflineCostModel(model_shape(name), get_hardware("h200")).max_model_len == \
+        get_model_config(name)["max_position_embeddings"]
+
+
+def test_llama_3_1_8b_roofline_addresses_131072_positions():
+    assert model_shape("llama-3.1-8b").max_positions == 131072

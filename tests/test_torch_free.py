@@ -69,3 +69,11 @@ def test_engine_core_imports_nothing_from_the_engine_runtime():
     res = _run(code)
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == "[]"
+
+
+def test_model_shapes_and_roofline_import_without_torch():
+    res = _run("from engine.core.model_shapes import MODEL_CONFIGS\n"
+               "from sim.cost_models.roofline import model_shape\n"
+               "print(model_shape('llama-3.1-8b').max_positions, 'torch' in sys.modules)")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == ["131072", "False"]
