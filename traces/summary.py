@@ -7,6 +7,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+# The columns `summarize` reads: `traces.load(path, columns=SUMMARY_COLUMNS, tables=SUMMARY_COLUMNS)`.
+SUMMARY_COLUMNS = {
+    "requests": ("request_id", "arrival", "first_scheduled", "first_token", "finish", "num_prompt_tokens",
+                 "num_output_tokens", "num_cached_tokens", "num_preemptions", "finish_reason"),
+    "steps": ("step", "kv_blocks_used", "kv_blocks_total"),
+}
+
 
 def _pct(values: pd.Series | np.ndarray, q: float) -> float:
     arr = np.asarray(values, dtype=float)
