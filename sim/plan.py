@@ -30,7 +30,7 @@ def rank(results: list[tuple[dict[str, Any], dict[str, Any]]],
         cost = price * config["replicas"] / (tok_s * 3600) * 1e6 if price is not None and tok_s > 0 else None
         rows.append({"config": config, "max_rate": rate, "capped": res.get("capped", False),
                      "goodput_req_s": rate * res.get("attainment", 0.0), "output_tok_s": tok_s,
-                     "usd_per_m_output_tokens": cost, "note": res.get("note")})
+                     "usd_per_m_output_tokens": cost, "note": res.get("note"), "rejected": res.get("rejected") or {}})
     rows.sort(key=lambda r: (r["usd_per_m_output_tokens"] is None, r["usd_per_m_output_tokens"] or 0.0,
                              -r["max_rate"] / r["config"]["replicas"], config_key(r["config"])))
     return rows
@@ -47,7 +47,20 @@ def format_table(rows: list[dict[str, Any]], swept: list[str]) -> str:
         lines.append(f"{i:>3}  {label:<{width}}  {rate:>10}  {row['goodput_req_s']:>10.3f}  "
                      f"{row['output_tok_s']:>10.1f}  {cost:>11}" + (f"  ({row['note']})" if row["note"] else ""))
     lines.append("rates and goodput in requests/s; goodput = max rate x share of requests meeting every SLO")
-    return "\n".join(lines)
+    return "\n".join(lines + rejection_lines(rows, labels))
+
+
+def rejection_lines(rows: list[dict[str, Any]], labels: list[str]) -> list[str]:
+    """Requests the configurations refused at admission, by reason: once when every configuration
+    refused the same ones, else per configuration."""
+    from traces.summary import format_rejections
+
+    found = [(label, r.get("rejected") or {}) for r, label in zip(rows, labels)]
+    if not any(counts for _, counts in found):
+        return []
+    if all(counts == found[0][1] for _, counts in found):
+        return [f"every configuration: {line}" for line in format_rejections(found[0][1])]
+    return [f"{label}: {line}" for label, counts in found for line in format_rejections(counts)]
 
 
 def _parser() -> Any:
