@@ -98,26 +98,27 @@ def _missing_column(path: Path, names: Iterable[str], required: Sequence[str]) -
                          f"{', '.join(missing)} missing")
 
 
-def _read_parquet(path: Path, table: str, columns: Sequence[str] | None, arrow_lists: bool) -> pd.DataFrame:
+def _read_parquet(path: Path, table: str, columns: Sequence[str] | None, arrow_lists: bool,
+                  categories: Sequence[str]) -> pd.DataFrame:
     """One compacted table, only `columns` of it when given; raises pyarrow/OS errors for a damaged file."""
     import pyarrow.parquet as pq
 
-    pf = pq.ParquetFile(path)
-    names = pf.schema_arrow.names
+    names = pq.read_schema(path).names
     _missing_column(path, names, TABLES[table])
+    pf = pq.ParquetFile(path, read_dictionary=[c for c in categories if c in names])
     wanted = None if columns is None else [c for c in names if c in set(columns)]
     tbl = pf.read(columns=wanted)
     return tbl.to_pandas(types_mapper=_arrow_lists if arrow_lists else None)
 
 
 def _read_table(root: Path, table: str, columns: Sequence[str] | None, arrow_lists: bool,
-                notes: list[str]) -> tuple[pd.DataFrame, bool]:
+                notes: list[str], categories: Sequence[str] = ()) -> tuple[pd.DataFrame, bool]:
     import pyarrow as pa
 
     pq_path, stream = root / parquet_file(table), root / stream_file(table)
     if pq_path.is_file():
         try:
-            return _read_parquet(pq_path, table, columns, arrow_lists), False
+            return _read_parquet(pq_path, table, columns, arrow_lists, categories), False
         except (pa.ArrowException, OSError, ValueError) as e:
             if isinstance(e, TraceError):
                 raise
@@ -129,22 +130,22 @@ def _read_table(root: Path, table: str, columns: Sequence[str] | None, arrow_lis
     if keys is not None:
         _missing_column(stream, keys, TABLES[table])
     try:
-        df, cut = read_stream(stream, table, TABLES[table], arrow_lists=arrow_lists)
+        df, cut = read_stream(stream, table, TABLES[table], arrow_lists=arrow_lists, only=columns,
+                              categories=categories)
     except StreamError as e:
         raise TraceError(str(e)) from None
     except OSError as e:
         raise TraceError(f"{stream}: {e.strerror or e}") from None
-    if columns is not None:
-        df = df[[c for c in df.columns if c in set(columns)]]
     return df, cut
 
 
 def load(path: str | Path, arrow_lists: bool = False, columns: Mapping[str, Sequence[str]] | None = None,
-         tables: Iterable[str] | None = None) -> Trace:
+         tables: Iterable[str] | None = None, categories: Sequence[str] = ()) -> Trace:
     """Read a trace directory. `arrow_lists` keeps list columns (block ids, token ids) in Arrow instead of
     building a Python list per row: a 100k-step trace then opens in a fraction of the time (the TUI uses it).
     `columns` reads only those columns of the tables it names and `tables` only those tables (the others
-    are empty): summaries of a long run then read a fraction of it."""
+    are empty), and `categories` names string columns to read as pandas Categoricals (request ids, events):
+    summaries of a long run then hold a fraction of it in memory."""
     root = Path(path)
     meta = read_meta(root)
     wanted = set(TABLES if tables is None else tables)
@@ -154,7 +155,7 @@ def load(path: str | Path, arrow_lists: bool = False, columns: Mapping[str, Sequ
         if table not in wanted:
             out[table] = pd.DataFrame(columns=list(cols))
             continue
-        out[table], cut = _read_table(root, table, (columns or {}).get(table), arrow_lists, notes)
+        out[table], cut = _read_table(root, table, (columns or {}).get(table), arrow_lists, notes, categories)
         if cut:
             truncated.append(table)
     if not meta.get("complete"):

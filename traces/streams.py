@@ -3,6 +3,7 @@ column types, so a crash-recovered trace costs about what its Parquet would, not
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 import orjson
@@ -37,9 +38,12 @@ def _complete_bytes(path: Path, size: int) -> tuple[int, bool]:
 
 
 def read_stream(path: Path, table: str, columns: tuple[str, ...], extra_int_columns: tuple[str, ...] = (),
-                arrow_lists: bool = False) -> tuple[pd.DataFrame, bool]:
+                arrow_lists: bool = False, only: Sequence[str] | None = None,
+                categories: Sequence[str] = ()) -> tuple[pd.DataFrame, bool]:
     """Rows of `<table>.jsonl` with the schema's columns first (plus any a writer added, such as a cluster's
-    `replica`) and whether a partial last line was dropped. Rows Arrow cannot type fall back to pandas."""
+    `replica`) and whether a partial last line was dropped. Rows Arrow cannot type fall back to pandas.
+    `only` keeps just those columns and `categories` makes those string columns pandas Categoricals, both
+    done in Arrow before any Python object is built."""
     import pyarrow as pa
     import pyarrow.json as pj
 
@@ -57,11 +61,16 @@ def read_stream(path: Path, table: str, columns: tuple[str, ...], extra_int_colu
                                read_options=pj.ReadOptions(block_size=16 << 20),
                                parse_options=pj.ParseOptions(explicit_schema=schema))
         except pa.ArrowInvalid:
-            return _read_rows(path, bytes(buf.slice(0, end)), columns), truncated
-    mapper = _arrow_list_dtype if arrow_lists else None
-    df = tbl.to_pandas(types_mapper=mapper)
-    extra = [c for c in df.columns if c not in columns]
-    return df.reindex(columns=[*columns, *extra]), truncated
+            df = _read_rows(path, bytes(buf.slice(0, end)), columns)
+            return (df if only is None else df[[c for c in df.columns if c in set(only)]]), truncated
+    names = [*columns, *(c for c in tbl.column_names if c not in columns)]
+    if only is not None:
+        names = [c for c in names if c in set(only)]
+    tbl = tbl.select(names)
+    for c in categories:
+        if c in names:
+            tbl = tbl.set_column(names.index(c), c, tbl[c].dictionary_encode())
+    return tbl.to_pandas(types_mapper=_arrow_list_dtype if arrow_lists else None), truncated
 
 
 def _arrow_list_dtype(ty):
