@@ -104,6 +104,7 @@ class VllmRunner:
 
     def __init__(self, model_dir: Path, max_model_len: int, threads: int | None, kv_space_gib: int = 1) -> None:
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_space_gib))
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
         if threads is not None:
             os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "0" if threads == 1 else f"0-{threads - 1}"
         from vllm import LLM
