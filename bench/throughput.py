@@ -23,6 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+USER_SPIN_COUNT = os.environ.get("GOMP_SPINCOUNT")
 import engine.config  # noqa: E402, F401  (before torch: it bounds OpenMP spin-waiting, see there)
 import torch  # noqa: E402
 
@@ -157,6 +158,8 @@ def case_vllm(args, hf_config, model_dir) -> None:
     prompts, outs = make_requests(args.num_seqs, args.min_len, args.max_len, args.min_out, args.max_out,
                                   hf_config.vocab_size)
     print(f"case: vllm, decode requests, {args.repeats} interleaved rounds", flush=True)
+    if USER_SPIN_COUNT is None:  # vLLM's processes start with its own OpenMP defaults, not ours
+        os.environ.pop("GOMP_SPINCOUNT", None)
     theirs_llm = cpu_cases.VllmRunner(model_dir, args.max_model_len, args.threads)
     ours_llm = build_engine(args, args.threads)
     ours, theirs = [], []
