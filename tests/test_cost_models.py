@@ -149,7 +149,7 @@ def test_sim_calibrate_writes_a_profile_and_prints_the_fit_error(two_traces, tmp
     out = tmp_path / "p.json"
     assert main_calibrate([*two_traces, "-o", str(out)]) == 0
     printed = capsys.readouterr().out
-    assert "fit error: MAPE" in printed and "leave-one-trace-out: MAPE" in printed
+    assert "fit error device: MAPE" in printed and "fit error gap:" in printed and "leave-one-trace-out" in printed
     prof = load_profile(out)
     assert prof["device"]["name"] == "test-cpu" and len(prof["traces"]) == 2 and prof["fit"]["num_steps"] > 100
 
@@ -266,20 +266,3 @@ def test_roofline_from_a_profile_uses_the_measured_rates(two_traces, tmp_path):
     assert hw.effective_bandwidth >= shape.kv_bytes_per_token / c["c_ctx"] * (1 - 1e-9)
     assert 0 <= hw.step_overhead <= c["c0"] and shape.dtype == "float32"
     assert "calibration profile" in model.describe()["source"] and model.num_gpu_blocks(16) > 0
-
-
-def test_step_noise_reproduces_the_measured_scatter_deterministically():
-    from sim.batch import StepBatch
-    from sim.cost_models.calibrated import CalibratedCostModel
-
-    coef = {"c0": 1e-3, "c_p": 0.0, "c_d": 1e-4, "c_ctx": 0.0, "c_attn": 0.0, "c_seq": 0.0}
-    quantiles = [0.5 + i / 100 for i in range(101)]  # ratios spread evenly over [0.5, 1.5]
-    batch = StepBatch(num_decode_tokens=10, num_decode_seqs=10)
-    plain = CalibratedCostModel(coef, {"residual_quantiles": quantiles})
-    noisy = CalibratedCostModel(coef, {"residual_quantiles": quantiles}, noise=True)
-    law = 1e-3 + 10 * 1e-4
-    assert plain.step_time(batch, 5) == pytest.approx(law)
-    times = [noisy.step_time(batch, i) for i in range(2000)]
-    assert times == [noisy.step_time(batch, i) for i in range(2000)]
-    ratios = sorted(t / law for t in times)
-    assert ratios[100] == pytest.approx(0.55, abs=0.01) and ratios[1900] == pytest.approx(1.45, abs=0.01)

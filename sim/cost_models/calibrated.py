@@ -15,9 +15,12 @@ from typing import Any
 import numpy as np
 
 from sim.batch import StepBatch
+from sim.cost_models.parts import PART_TERMS, PARTS, RANGE_FIELDS, StepParts, part_features
+from sim.cost_models.residuals import ResidualSampler
 
 PROFILE_KIND = "stepscope-cost-profile"
-PROFILE_FORMAT_VERSION = 1
+PROFILE_FORMAT_VERSION = 2
+READABLE_FORMAT_VERSIONS = (1, 2)
 COEFFICIENTS = ("c0", "c_p", "c_d", "c_ctx", "c_attn", "c_seq")
 UNITS = {"c0": "s/step", "c_p": "s/prefill token", "c_d": "s/decode token", "c_ctx": "s/context token",
          "c_attn": "s/prefill attention pair", "c_seq": "s/sequence"}
@@ -160,9 +163,9 @@ def load_profile(path: str | Path) -> dict[str, Any]:
         raise ValueError(f"{p}: not valid JSON ({e.msg} at line {e.lineno})") from None
     if not isinstance(prof, dict) or prof.get("kind") != PROFILE_KIND:
         raise ValueError(f"{p}: kind: not a stepscope cost profile (write one with `sim calibrate`)")
-    if prof.get("format_version") != PROFILE_FORMAT_VERSION:
+    if prof.get("format_version") not in READABLE_FORMAT_VERSIONS:
         raise ValueError(f"{p}: format_version is {prof.get('format_version')!r}, "
-                         f"this stepscope reads {PROFILE_FORMAT_VERSION}")
+                         f"this stepscope reads {' or '.join(map(str, READABLE_FORMAT_VERSIONS))}")
     coef = prof.get("coefficients")
     if not isinstance(coef, dict):
         raise ValueError(f"{p}: coefficients: missing")
@@ -173,42 +176,71 @@ def load_profile(path: str | Path) -> dict[str, Any]:
     return prof
 
 
-_GOLDEN = 0.6180339887498949
-
-
 class CalibratedCostModel:
-    """The fitted law; `load` reads a PROFILE.json written by `sim calibrate`."""
+    """The fitted laws; `load` reads a PROFILE.json written by `sim calibrate`. With a `seed`, each step
+    is scaled by measured residual ratios drawn in blocks (one sampled replay); without, by the mean ratio
+    (the expected step). A profile without parts (format 1) is one law for the whole step."""
 
     name = "calibrated"
 
     def __init__(self, coefficients: dict[str, float], profile: dict[str, Any] | None = None,
-                 path: str | None = None, noise: bool = False) -> None:
+                 path: str | None = None, seed: int | None = None) -> None:
         self.coefficients = {k: float(coefficients[k]) for k in COEFFICIENTS}
         self._coef = [self.coefficients[k] for k in COEFFICIENTS]
         self.profile = profile or {}
         self.path = path
-        quantiles = self.profile.get("residual_quantiles") if noise else None
-        self._residuals = np.asarray(quantiles, dtype=float) if quantiles else None
+        laws = self.profile.get("parts") or {}
+        self._laws = {p: ([float(laws[p]["coefficients"][k]) for k in PART_TERMS[p]], float(laws[p]["mean_ratio"]))
+                      for p in PARTS if p in laws}
+        self._laws["device"] = (self._coef, self._laws.get("device", (None, 1.0))[1])
+        table = self.profile.get("residuals")
+        self.seed = seed
+        self._sampler = ResidualSampler(table, seed) if seed is not None and table else None
+        self._range = self.profile.get("fitted_range") or {}
+        self._outside: dict[str, int] = {}
+        self._num_steps = 0
+        self.last_phases = (0.0, 0.0, 0.0)
 
     @classmethod
-    def load(cls, path: str | Path, noise: bool = False) -> CalibratedCostModel:
-        """`noise`: multiply each step by the measured scatter (see `step_time`) instead of the bare law."""
+    def load(cls, path: str | Path, seed: int | None = None) -> CalibratedCostModel:
         prof = load_profile(path)
-        return cls(prof["coefficients"], prof, str(path), noise)
+        return cls(prof["coefficients"], prof, str(path), seed)
+
+    def step_parts(self, batch: StepBatch, step: int) -> StepParts:
+        """Device, host and gap seconds of this step (async scheduling may overlap host with device)."""
+        self._check_range(batch)
+        mult = self._sampler.at(step) if self._sampler is not None else None
+        out = []
+        for i, part in enumerate(PARTS):
+            law = self._laws.get(part)
+            if law is None:
+                out.append(0.0)
+                continue
+            coef, mean = law
+            t = float(np.dot(coef, part_features(part, batch)))
+            out.append(t * (mean if mult is None else float(mult[i])))
+        return StepParts(*out)
 
     def step_time(self, batch: StepBatch, step: int) -> float:
-        """The law's time, times the measured scatter: step i draws the residual ratio at quantile
-        frac(i * golden ratio), a deterministic low-discrepancy walk through the fitted distribution, so
-        tails (TPOT p90/p99) come out as the engine showed them and the same run gives the same times."""
-        c0, c_p, c_d, c_ctx, c_attn, c_seq = self._coef
-        t = (c0 + c_p * batch.num_prefill_tokens + c_d * batch.num_decode_tokens + c_ctx * batch.context_tokens
-             + c_attn * batch.prefill_attention + c_seq * batch.num_seqs)
-        if self._residuals is None:
-            return t
-        u = (step * _GOLDEN) % 1.0 * (len(self._residuals) - 1)
-        i = int(u)
-        r = self._residuals
-        return float(t * (r[i] + (r[min(i + 1, len(r) - 1)] - r[i]) * (u - i)))
+        """A synchronous engine's step cycle: model, host phases and the gap before the next step."""
+        p = self.step_parts(batch, step)
+        self.last_phases = (0.0, p.device, p.host)
+        return p.total
+
+    def _check_range(self, batch: StepBatch) -> None:
+        self._num_steps += 1
+        for key, limit in self._range.items():
+            get = RANGE_FIELDS.get(key)
+            if get is not None and get(batch) > limit:
+                self._outside[key] = max(self._outside.get(key, 0), int(get(batch)))
+
+    def range_warning(self) -> str | None:
+        """One line when steps of this run had batch shapes beyond those the profile was fitted on."""
+        if not self._outside:
+            return None
+        what = ", ".join(f"{k} up to {v} (fitted up to {self._range[k]})" for k, v in self._outside.items())
+        return (f"profile {self.path or ''} used outside the batch shapes it was fitted on: {what}; "
+                "step times there are extrapolated")
 
     def predict(self, batches: list[StepBatch]) -> np.ndarray:
         return design_matrix(batches) @ np.array(self._coef)
@@ -232,5 +264,6 @@ class CalibratedCostModel:
         model = {k: v for k, v in (prof.get("model") or {}).items() if k != "hf_config"}
         return {"name": self.name, "path": self.path, "coefficients": dict(self.coefficients), "units": UNITS,
                 "model": model, "device": prof.get("device"), "fit": prof.get("fit"),
-                "leave_one_trace_out": prof.get("leave_one_trace_out"),
+                "leave_one_trace_out": prof.get("leave_one_trace_out"), "parts": prof.get("parts"),
+                "seed": self.seed, "fitted_range": self._range,
                 "traces": [t.get("path") for t in prof.get("traces", [])]}
