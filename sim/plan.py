@@ -29,6 +29,7 @@ def rank(results: list[tuple[dict[str, Any], dict[str, Any]]],
         price = prices.get(str(config["hardware"]).lower())
         cost = price * config["replicas"] / (tok_s * 3600) * 1e6 if price is not None and tok_s > 0 else None
         rows.append({"config": config, "max_rate": rate, "capped": res.get("capped", False),
+                     "max_rate_interval": res.get("max_rate_interval"),
                      "goodput_req_s": rate * res.get("attainment", 0.0), "output_tok_s": tok_s,
                      "usd_per_m_output_tokens": cost, "note": res.get("note")})
     rows.sort(key=lambda r: (r["usd_per_m_output_tokens"] is None, r["usd_per_m_output_tokens"] or 0.0,
@@ -45,9 +46,17 @@ def format_table(rows: list[dict[str, Any]], swept: list[str]) -> str:
         rate = (">=" if row["capped"] else "") + f"{row['max_rate']:.3f}"
         cost = "n/a" if row["usd_per_m_output_tokens"] is None else f"{row['usd_per_m_output_tokens']:.3f}"
         lines.append(f"{i:>3}  {label:<{width}}  {rate:>10}  {row['goodput_req_s']:>10.3f}  "
-                     f"{row['output_tok_s']:>10.1f}  {cost:>11}" + (f"  ({row['note']})" if row["note"] else ""))
+                     f"{row['output_tok_s']:>10.1f}  {cost:>11}" + (f"  ({row['note']})" if row["note"] else "")
+                     + _interval(row.get("max_rate_interval")))
     lines.append("rates and goodput in requests/s; goodput = max rate x share of requests meeting every SLO")
     return "\n".join(lines)
+
+
+def _interval(iv: dict[str, Any] | None) -> str:
+    if not iv:
+        return ""
+    return (f"  max rate median {iv['median']:.3f} [p5-p95 {iv['p5']:.3f}-{iv['p95']:.3f}] "
+            f"over {len(iv['samples'])} sampled runs")
 
 
 def _parser() -> Any:
@@ -74,6 +83,10 @@ def _parser() -> Any:
     p.add_argument("--results", default=None, metavar="FILE", help="JSON lines of finished configurations; resumes")
     p.add_argument("--plots", default=None, metavar="DIR", help="latency-vs-rate and cost-frontier PNGs")
     p.add_argument("--trace", default=None, metavar="DIR", help="cluster trace of the top configuration at its max rate")
+    p.add_argument("--samples", type=int, default=0, metavar="N", help="with --residuals: rerun each "
+                   "configuration's final search N times under seeded draws of measured step-time scatter")
+    p.add_argument("--residuals", default=None, metavar="PROFILE.json",
+                   help="calibration profile whose measured residuals --samples draws from")
     p.add_argument("--json", action="store_true", help="print the ranked rows as JSON")
     p.add_argument("--no-progress", action="store_true")
     _add_engine_flags(p)
@@ -119,12 +132,19 @@ def plan(args: Any) -> int:
         raise ValueError(f"--min-served-ratio: must be in [0, 1], got {args.min_served_ratio}")
     if args.length_scale is not None and not args.length_scale > 0:
         raise ValueError(f"--length-scale: must be > 0, got {args.length_scale}")
+    if args.samples < 0 or (args.samples and not args.residuals):
+        raise ValueError("--samples: needs N >= 1 and --residuals PROFILE.json (the measured scatter to draw from)")
+    if args.residuals:
+        from sim.plan_search import residual_table
+
+        residual_table(os.path.abspath(args.residuals))
     prices = parse_price(args.price) if args.price else {}
     configs, swept = _configs(args)
     for config in configs:
         validate_config(config)
     spec = PlanSpec(os.path.abspath(args.workload), args.slo, args.rate_tol, args.max_requests, args.length_scale,
-                    args.vocab_size, args.seed or 0, min_served_ratio=args.min_served_ratio)
+                    args.vocab_size, args.seed or 0, min_served_ratio=args.min_served_ratio, samples=args.samples,
+                    residual_profile=os.path.abspath(args.residuals) if args.residuals else None)
     base_requests(spec.workload, spec.max_requests, spec.length_scale, spec.vocab_size)
     plan_id = spec.fingerprint()
     done = load_results(args.results, plan_id) if args.results else {}

@@ -57,3 +57,23 @@ class ResidualSampler:
             s = int(self.starts[self.rng.integers(len(self.starts))])
             self.drawn.extend(self.ratios[s:s + self.block])
         return self.drawn[step]
+
+
+class ResidualScaled:
+    """Any cost model's step times scaled by sampled device ratios of a calibration profile: the scatter
+    a real machine showed, laid over a model (e.g. the roofline) that has none of its own."""
+
+    def __init__(self, base: Any, table: dict[str, Any], seed: int) -> None:
+        self.base = base
+        self.sampler = ResidualSampler(table, seed)
+        self.seed = seed
+        self.name = f"{base.name}+residuals"
+
+    def step_time(self, batch: Any, step: int) -> float:
+        return self.base.step_time(batch, step) * float(self.sampler.at(step)[0])
+
+    def describe(self) -> dict:
+        return {**self.base.describe(), "residual_seed": self.seed}
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.base, name)
