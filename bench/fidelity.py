@@ -7,9 +7,11 @@ held-out run from its arrivals with `--samples N` (seeded residual draws). Print
 the error of the sampled median against the measured value per metric, and how many of the ten metrics
 (TTFT/TPOT/E2E p50/p90/p99, output throughput) fall inside the reported p5-p95 interval.
 
-    python bench/fidelity.py [--repeats 3] [--samples 20] [--out runs/fidelity]
+    python bench/fidelity.py [--repeats 3] [--samples 20] [--out runs/fidelity] [--sequential]
 
-The machine may be shared: its load is part of what the runs measure, and changes between runs.
+The machine may be shared: its load is part of what the runs measure. It also drifts over minutes, which
+no calibration can foresee, so by default the two runs are recorded at the same time: the held-out run
+then comes from the same noise process the calibration measured (`--sequential` shows the drift).
 """
 from __future__ import annotations
 
@@ -29,30 +31,51 @@ sys.path.insert(0, str(ROOT))
 # 1k-token prompts): a calibration is only asked to interpolate (sim replay warns when it is not).
 TRAIN = """name: fidelity-train
 seed: 21
-num_requests: 100
-arrival: {process: poisson, rate: 2.5}
+num_requests: 60
+arrival: {process: poisson, rate: 0.8}
 prompt_tokens: {dist: lognormal, median: 128, sigma: 0.9, min: 16, max: 1024}
 output_tokens: {dist: uniform, min: 16, max: 128}
 """
 HELD_OUT = """name: fidelity-heldout
 seed: 22
-num_requests: 60
-arrival: {process: gamma, rate: 1.5, cv: 3.0}
+num_requests: 50
+arrival: {process: gamma, rate: 0.8, cv: 3.0}
 prompt_tokens: {dist: lognormal, median: 160, sigma: 0.6, min: 16, max: 1024}
 output_tokens: {dist: lognormal, median: 48, sigma: 0.6, min: 8, max: 160}
 """
 HEADLINE = ("ttft_p50", "ttft_p90", "tpot_p50", "tpot_p90", "e2e_p50", "e2e_p90", "output_throughput_tok")
 
 
-def run(cmd: list[str]) -> str:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-m", *cmd], cwd=ROOT, env=env, capture_output=True, text=True)
+ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
+
+
+def run(cmd: list[str], errors: Path | None = None) -> str:
+    done = subprocess.run([sys.executable, "-m", *cmd], cwd=ROOT, env=ENV, capture_output=True, text=True)
     if done.returncode != 0:
         sys.exit(f"fidelity: {' '.join(cmd)} failed:\n{done.stderr[-2000:]}")
+    if errors is not None:
+        errors.write_text(done.stderr)
     return done.stdout
 
 
-def one_repeat(out: Path, samples: int) -> dict[str, dict[str, float]]:
+def record(out: Path, names: list[str], together: bool) -> None:
+    """Engine runs of the workloads `names`; `together`: at the same time, so that both see the same
+    spell of machine load (on a shared machine, the load changes between runs taken one after another)."""
+    cmds = [[sys.executable, "-m", "engine.cli", "run", "--workload", str(out / f"{n}.yaml"), "--trace",
+             str(out / n), "--no-progress"] for n in names]
+    if not together:
+        for c in cmds:
+            run(c[2:])
+        return
+    procs = [subprocess.Popen(c, cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+             for c in cmds]
+    for c, p in zip(cmds, procs):
+        _, err = p.communicate()
+        if p.returncode != 0:
+            sys.exit(f"fidelity: {' '.join(c)} failed:\n{err[-2000:]}")
+
+
+def one_repeat(out: Path, samples: int, together: bool) -> dict[str, dict[str, float]]:
     """Record both runs, calibrate, predict; per metric: measured, predicted median, p5, p95."""
     import traces
     from traces.summary import summarize
@@ -60,11 +83,11 @@ def one_repeat(out: Path, samples: int) -> dict[str, dict[str, float]]:
     out.mkdir(parents=True, exist_ok=True)
     (out / "train.yaml").write_text(TRAIN)
     (out / "heldout.yaml").write_text(HELD_OUT)
-    for name in ("train", "heldout"):
-        run(["engine.cli", "run", "--workload", str(out / f"{name}.yaml"), "--trace", str(out / name), "--no-progress"])
+    record(out, ["train", "heldout"], together)
     run(["sim.cli", "calibrate", str(out / "train"), "-o", str(out / "profile.json")])
     rep = json.loads(run(["sim.cli", "replay", str(out / "heldout"), "--cost-model", str(out / "profile.json"),
-                          "--samples", str(samples), "--json", "--no-progress", "--trace", str(out / "predicted")]))
+                          "--samples", str(samples), "--json", "--no-progress", "--trace", str(out / "predicted")],
+                          out / "replay_warnings.txt"))
     measured = summarize(traces.load(out / "heldout").requests)
     return {m.removesuffix("_s"): {"measured": measured[m], **{k: r[k] for k in ("median", "p5", "p95")},
                                    "deterministic": rep.get(m)}
@@ -76,10 +99,11 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--samples", type=int, default=20)
     p.add_argument("--out", default="runs/fidelity")
+    p.add_argument("--sequential", action="store_true", help="record the two runs one after the other")
     args = p.parse_args()
     results = []
     for i in range(args.repeats):
-        res = one_repeat(Path(args.out) / f"repeat{i}", args.samples)
+        res = one_repeat(Path(args.out) / f"repeat{i}", args.samples, not args.sequential)
         (Path(args.out) / f"repeat{i}" / "result.json").write_text(json.dumps(res, indent=1))
         results.append(res)
     for m in HEADLINE:
@@ -90,7 +114,8 @@ def main() -> None:
         print(f"{m} deterministic error: {np.median(err):+.1f} %")
     inside = [sum(r[m]["p5"] <= r[m]["measured"] <= r[m]["p95"] for m in r) for r in results]
     print(f"inside interval: {int(np.median(inside))}/{len(results[0])}")
-    print(f"repeats: {args.repeats} (engine runs at the machine's load of the moment; medians over repeats)")
+    how = "one after the other" if args.sequential else "at the same time"
+    print(f"repeats: {args.repeats} (training and held-out runs recorded {how}; medians over repeats)")
     try:
         import vllm  # noqa: F401
         have_vllm = True
