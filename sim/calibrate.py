@@ -3,7 +3,7 @@
 Each step's batch is rebuilt from the trace's decisions (the numbers the scheduler handed the model
 runner) and paired with what the step measurably cost, part by part (sim.cost_models.parts): `execute`
 (the model), the host phases around it (`end - start - execute`), and the gap before the next step
-while the engine had work. Every part gets a median law in the batch shape and every step is kept: the
+while the engine had work. Every part gets a mean law in the batch shape and every step is kept: the
 scatter around the laws becomes the residual table the simulator samples from.
 """
 from __future__ import annotations
@@ -26,7 +26,7 @@ from sim.cost_models.calibrated import (PROFILE_FORMAT_VERSION, PROFILE_KIND, de
 from sim.cost_models.parts import PART_TERMS, PARTS, TERM_UNITS, batch_range, part_matrix
 from sim.cost_models.residuals import residual_table
 from sim.cost_models.roofline import DTYPE_BYTES, effective_from_coefficients, model_shape
-from sim.fit import fit_median_law, part_stats, ratios
+from sim.fit import fit_mean_law, part_stats, ratios
 from traces import Trace, load
 
 
@@ -84,16 +84,16 @@ class StepSamples:
 
 
 def _fit(samples: list[StepSamples]) -> dict[str, dict[str, Any]]:
-    """Per part: the median law's coefficients and the mean measured/law ratio (all steps)."""
+    """Per part: the mean law's coefficients and total measured / total predicted (all steps; ~1)."""
     batches = [b for s in samples for b in s.batches]
     out = {}
     for part in PARTS:
         x, y = part_matrix(part, batches), np.concatenate([s.y[part] for s in samples])
-        coef = fit_median_law(x, y)
-        r = ratios(y, x @ coef)
-        measured = (y > 0) & (x @ coef > 0)
+        coef = fit_mean_law(x, y)
+        pred = x @ coef
+        measured = (y > 0) & (pred > 0)
         out[part] = {"coefficients": {k: float(v) for k, v in zip(PART_TERMS[part], coef)},
-                     "mean_ratio": float(r[measured].mean()) if measured.any() else 1.0}
+                     "mean_ratio": float(y[measured].sum() / pred[measured].sum()) if measured.any() else 1.0}
     return out
 
 
@@ -202,7 +202,7 @@ def report_lines(profile: dict[str, Any], output: str | None = None) -> list[str
     for part in PARTS:
         law = profile["parts"][part]
         terms = ", ".join(f"{k} {_seconds(v)}/{TERM_UNITS[k]}" for k, v in law["coefficients"].items())
-        lines.append(f"law {part}: {terms}; mean measured/law {law['mean_ratio']:.3f}")
+        lines.append(f"law {part}: {terms}; total measured/law {law['mean_ratio']:.3f}")
     res = profile["residuals"]
     dev = np.asarray(res["ratios"], dtype=float)[:, 0]
     lines.append(f"residuals: all {len(dev)} steps kept as a table sampled in blocks of {res['block_steps']} steps "
