@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 import warnings
@@ -260,6 +261,9 @@ def main_calibrate(argv: list[str] | None = None) -> int:
         return 2
     for w in warns + fit_warns:
         print(f"sim calibrate: warning: {w}", file=sys.stderr)
-    for line in report_lines(profile, str(out)):
-        print(line)
+    try:
+        for line in report_lines(profile, str(out)):
+            print(line)
+    except BrokenPipeError:  # `sim calibrate ... | head`: the reader went away, the profile is written
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0

@@ -196,3 +196,33 @@ def test_samples_without_a_calibrated_profile_is_one_line_exit_2(engine_like, ca
     assert main(["replay", str(engine_like / "b"), "--samples", "3", "--no-progress"]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "--samples" in err
+
+
+def test_residual_scaling_lays_measured_ratios_over_another_cost_model():
+    from sim.cost_models.residuals import ResidualScaled
+
+    class Flat:
+        name = "flat"
+
+        def step_time(self, batch, step):
+            return 0.01
+
+        def describe(self):
+            return {}
+
+        def num_gpu_blocks(self, block_size):
+            return 7
+
+    table = residual_table(np.array([[2.0, 1.0, 1.0], [0.5, 1.0, 1.0]]), [2])
+    table["block_steps"] = 2
+    scaled = ResidualScaled(Flat(), table, seed=1)
+    times = sorted(scaled.step_time(StepBatch(), i) for i in range(2))
+    assert times == pytest.approx([0.005, 0.02]) and scaled.num_gpu_blocks(16) == 7
+
+
+def test_plan_samples_without_residuals_is_one_line_exit_2(capsys):
+    from workloads import DEFAULT_WORKLOAD
+
+    assert main(["plan", str(DEFAULT_WORKLOAD), "--slo", "ttft_p99=2s", "--samples", "3"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "--residuals" in err
