@@ -1,10 +1,13 @@
-"""Step time as a non-negative linear law in the batch's shape, fitted to measured engine steps:
+"""The calibrated cost model: each part of a step cycle (sim.cost_models.parts) as a non-negative linear
+law in the batch's shape, fitted to measured engine steps by `sim calibrate`. The model's own time is
 
-    step_time = c0 + c_p * prefill_tokens + c_d * decode_tokens + c_ctx * context_tokens
-                + c_attn * prefill_attention + c_seq * num_seqs
+    execute = c0 + c_p * prefill_tokens + c_d * decode_tokens + c_ctx * context_tokens
+              + c_attn * prefill_attention + c_seq * num_seqs
 
 Each term is a physical cost (fixed launch/weight read, per-token matmuls, KV reads, causal attention,
 per-sequence bookkeeping), so a cost can never be negative: the fit is NNLS, not plain least squares.
+The host phases and the gap before the next step have laws of their own, and the measured scatter
+around all three is replayed from the profile's residual table (sim.cost_models.residuals).
 """
 from __future__ import annotations
 
@@ -24,16 +27,6 @@ READABLE_FORMAT_VERSIONS = (1, 2)
 COEFFICIENTS = ("c0", "c_p", "c_d", "c_ctx", "c_attn", "c_seq")
 UNITS = {"c0": "s/step", "c_p": "s/prefill token", "c_d": "s/decode token", "c_ctx": "s/context token",
          "c_attn": "s/prefill attention pair", "c_seq": "s/sequence"}
-
-
-def features(batch: StepBatch) -> list[float]:
-    """The regressors of one step, in COEFFICIENTS order."""
-    return [1.0, float(batch.num_prefill_tokens), float(batch.num_decode_tokens), float(batch.context_tokens),
-            float(batch.prefill_attention), float(batch.num_seqs)]
-
-
-def design_matrix(batches: list[StepBatch]) -> np.ndarray:
-    return np.array([features(b) for b in batches], dtype=float).reshape(-1, len(COEFFICIENTS))
 
 
 def nnls(a: np.ndarray, b: np.ndarray, max_iter: int | None = None) -> np.ndarray:
@@ -72,54 +65,6 @@ def nnls(a: np.ndarray, b: np.ndarray, max_iter: int | None = None) -> np.ndarra
         x = s
         w = a.T @ (b - a @ x)
     return x
-
-
-def fit_nnls(x: np.ndarray, y: np.ndarray, robust: bool = True, mad_k: float = 3.0,
-             rounds: int = 10) -> tuple[np.ndarray, np.ndarray]:
-    """Non-negative coefficients and the mask of rows kept. The fit minimises relative error (rows
-    weighted by 1/prediction: step times span orders of magnitude and their noise scales with them).
-    With `robust`, it starts from a least-absolute-deviations fit, which a few wild steps (GC pauses,
-    clock hiccups) cannot drag, then drops rows whose relative residual lies beyond `mad_k` MADs and
-    refits until the kept set settles. Columns that are all zero stay at 0."""
-    keep = y > 0
-    scale = np.linalg.norm(x, axis=0)
-    used = scale > 0
-    if keep.sum() < used.sum():
-        raise ValueError(f"{int(keep.sum())} usable steps cannot fit {int(used.sum())} coefficients")
-    xs = x[:, used] / scale[used]
-    coef = np.zeros(x.shape[1])
-
-    def solve(rows: np.ndarray, mult: np.ndarray) -> np.ndarray:
-        c = np.zeros(x.shape[1])
-        c[used] = nnls(xs[rows] * mult[rows, None], y[rows] * mult[rows]) / scale[used]
-        return c
-
-    floor = 1e-3 * float(np.median(y[keep]))
-    if not robust:
-        coef = solve(keep, 1.0 / np.maximum(y, floor))
-        return solve(keep, 1.0 / np.maximum(x @ coef, floor)), keep
-    coef = solve(keep, np.ones(len(y)))
-    for _ in range(30):
-        # Iteratively reweighted least squares for the L1 fit: weight 1/|residual|.
-        new = solve(keep, 1.0 / np.sqrt(np.maximum(np.abs(y - x @ coef), floor)))
-        done = np.allclose(new, coef, rtol=1e-6, atol=0)
-        coef = new
-        if done:
-            break
-    for _ in range(rounds):
-        pred = np.maximum(x @ coef, floor)
-        r = (y - pred) / pred
-        med = np.median(r[keep])
-        mad = 1.4826 * np.median(np.abs(r[keep] - med))
-        new_keep = (y > 0) & (np.abs(r - med) <= mad_k * max(mad, 1e-9))
-        if new_keep.sum() < used.sum():
-            break
-        stable = (new_keep == keep).all()
-        keep = new_keep
-        coef = solve(keep, 1.0 / pred)
-        if stable:
-            break
-    return coef, keep
 
 
 def error_stats(y: np.ndarray, pred: np.ndarray) -> dict[str, float]:
@@ -241,9 +186,6 @@ class CalibratedCostModel:
         what = ", ".join(f"{k} up to {v} (fitted up to {self._range[k]})" for k, v in self._outside.items())
         return (f"profile {self.path or ''} used outside the batch shapes it was fitted on: {what}; "
                 "step times there are extrapolated")
-
-    def predict(self, batches: list[StepBatch]) -> np.ndarray:
-        return design_matrix(batches) @ np.array(self._coef)
 
     def mismatches(self, meta: dict[str, Any]) -> list[str]:
         """Warnings when a trace's model or device is not the one this profile was fitted on."""
