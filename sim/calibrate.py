@@ -199,7 +199,7 @@ def report_lines(profile: dict[str, Any], output: str | None = None) -> list[str
         lines.append(line)
     for r in profile["leave_one_trace_out"]:
         each = "; ".join(f"{p} {_err(r['parts'][p])}" for p in (*PARTS, "cycle"))
-        lines.append(f"leave-one-trace-out {Path(r['trace']).name}: {each}")
+        lines.append(f"leave-one-trace-out {'/'.join(Path(r['trace']).parts[-2:])}: {each}")
     for part in PARTS:
         law = profile["parts"][part]
         terms = ", ".join(f"{k} {_seconds(v)}/{TERM_UNITS[k]}" for k, v in law["coefficients"].items())
