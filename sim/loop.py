@@ -21,9 +21,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from engine.core.async_scheduler import make_scheduler
 from engine.core.config import CacheConfig, SchedulerConfig
+from engine.core.outputs import EngineCoreOutputs
 from engine.core.request import Request, RequestStatus
-from engine.core.scheduler import Scheduler
+from engine.core.sched_output import SchedulerOutput
+from engine.core.step_cycle import StepCycle, StepTimes
 from sim.batch import batch_from_output
 from sim.cost_models.base import CostModel
 from sim.runner import FakeModelRunner
@@ -32,6 +35,24 @@ from traces.recorder import TraceRecorder
 from traces.writer import TraceWriter
 
 _FINISH_STATUS = {"stop": RequestStatus.FINISHED_STOPPED, "length": RequestStatus.FINISHED_LENGTH_CAPPED}
+
+
+class CycleRecorder:
+    """A TraceRecorder as the step cycle's recorder: the cycle's timestamps become the step's row,
+    split as the engine's trace splits them."""
+
+    def __init__(self, recorder: TraceRecorder) -> None:
+        self.recorder = recorder
+
+    def on_add(self, request: Request) -> None:
+        self.recorder.on_add(request)
+
+    def on_step(self, so: SchedulerOutput, outputs: EngineCoreOutputs, times: StepTimes) -> list[Request]:
+        t_sched, t_exec, t_sample, t_update, t_end = times
+        return self.recorder.on_step(so, outputs, t_sched, t_end, t_exec - t_sched, t_sample - t_exec,
+                                     t_update - t_sample)
+
+
 @contextmanager
 def _fewer_collections(threshold: int = 100_000):
     """The loop allocates millions of short-lived objects next to long-lived ones; the default GC
@@ -67,8 +88,8 @@ class Simulator:
                  snapshot_every: int | None = None) -> None:
         self.now = 0.0
         self.cost_model = cost_model
-        self.scheduler = Scheduler(scheduler_config, cache_config, clock=lambda: self.now)
-        self.runner = FakeModelRunner(seed, vocab_size)
+        self.scheduler = make_scheduler(scheduler_config, cache_config, clock=self.clock)
+        self.runner = FakeModelRunner(seed, vocab_size, self.scheduler.requests)
         self.step_start = getattr(cost_model, "step_start", None) if follow_recorded else None
         self.trace_dir = Path(trace_dir)
         full_meta = {"source": "sim", **(meta or {}),
@@ -80,14 +101,17 @@ class Simulator:
         # to the pool so they add at most half a row per step (the engine's 1024 is for small pools).
         every = snapshot_every or max(1024, 2 * cache_config.num_gpu_blocks)
         self.recorder = TraceRecorder(self.writer, self.scheduler, snapshot_every=every)
+        self.cycle = StepCycle(self.scheduler, self.runner, self.clock, CycleRecorder(self.recorder))
         self.num_added = 0
+
+    def clock(self) -> float:
+        return self.now
 
     def add_request(self, r: SimRequest) -> Request:
         """Add a request as the engine does (see `make_request`), at the current simulated time."""
         req = make_request(r)
         self.runner.register(r.request_id, r.output_token_ids)
-        self.scheduler.add_request(req)
-        self.recorder.on_add(req)
+        self.cycle.add_request(req)
         if req.is_finished():
             self.runner.forget(r.request_id)
         self.num_added += 1
@@ -122,10 +146,9 @@ class Simulator:
         return SimResult(self.trace_dir, self.recorder.step, self.num_added, self.now, wall, interrupted)
 
     def _loop(self, stream: Iterator[SimRequest], external: dict[int, list[tuple[str, str]]], bar: Any) -> None:
-        sched, runner, recorder, cost = self.scheduler, self.runner, self.recorder, self.cost_model
-        step_time, step_start, execute = cost.step_time, self.step_start, runner.execute
-        schedule, update = sched.schedule, sched.update_from_output
-        add, forget = self.add_request, runner.forget
+        cycle, sched = self.cycle, self.scheduler
+        step_time, step_start = self.cost_model.step_time, self.step_start
+        add, forget = self.add_request, self.runner.forget
         nxt = next(stream, None)
         step = 0
         while True:
@@ -142,17 +165,14 @@ class Simulator:
                 add(nxt)
                 nxt = next(stream, None)
             self.now = start
-            if not (sched.running or sched.waiting or sched.has_pending_outputs()):
+            if not cycle.has_work():
                 if nxt is None:
                     return
                 self.now = max(start, nxt.add_time)
                 continue
-            so = schedule()
-            duration = step_time(batch_from_output(so), step)
-            runner_output = execute(so, sched.requests)
-            self.now = end = start + duration
-            outputs = update(so, runner_output)
-            recorder.on_step(so, outputs, start, end, 0.0, duration, 0.0)
+            so = cycle.begin()
+            self.now = start + step_time(batch_from_output(so), step)
+            so, outputs = cycle.finish()
             step += 1
             done = 0
             for out in outputs.outputs:

@@ -76,8 +76,8 @@ class Scheduler:
         n = request.num_prompt_tokens
         if n == 0:
             return "prompt is empty"
-        if n > self.max_model_len:
-            return f"prompt has {n} tokens, more than max_model_len={self.max_model_len}"
+        if n >= self.max_model_len:  # vLLM 0.32's input processor: room for at least one output token
+            return f"prompt has {n} tokens; with one output token that exceeds max_model_len={self.max_model_len}"
         most_tokens = min(n + request.max_tokens, self.max_model_len)
         need = -(-most_tokens // self.block_size)
         have = self.kv_cache_manager.block_pool.num_usable_blocks
