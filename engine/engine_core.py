@@ -14,8 +14,8 @@ from engine.config import DEFAULT_CPU_KV_CACHE_MEMORY, EngineConfig
 from engine.core.outputs import EngineCoreOutputs
 from engine.core.request import Request, RequestStatus
 from engine.core.sampling_params import SamplingParams
-from engine.core.scheduler import Scheduler
-from engine.core.step_cycle import StepCycle
+from engine.core.async_scheduler import make_scheduler
+from engine.core.step_cycle import DeferredRunner, StepCycle
 from engine.executor import UniProcExecutor
 
 logger = logging.getLogger("stepscope")
@@ -58,8 +58,11 @@ class EngineCore:
             self.executor = UniProcExecutor(config)
         self.kv_report = self._initialize_kv_caches()
         config.cache_config.num_gpu_blocks = self.kv_report.num_blocks
-        self.scheduler = Scheduler(config.scheduler_config, config.cache_config, clock)
-        self.cycle = StepCycle(self.scheduler, self.executor, clock)
+        sc = config.scheduler_config
+        self.scheduler = make_scheduler(sc, config.cache_config, clock)
+        # Async scheduling: vLLM's batch queue of two, the model runs each batch once its inputs are known.
+        runner = DeferredRunner(self.executor) if sc.async_scheduling else self.executor
+        self.cycle = StepCycle(self.scheduler, runner, clock, batch_queue_size=2 if sc.async_scheduling else 1)
         self.trace = None
 
     @contextlib.contextmanager

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import gc
 import time
+from collections import deque
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -101,7 +102,8 @@ class Simulator:
         # to the pool so they add at most half a row per step (the engine's 1024 is for small pools).
         every = snapshot_every or max(1024, 2 * cache_config.num_gpu_blocks)
         self.recorder = TraceRecorder(self.writer, self.scheduler, snapshot_every=every)
-        self.cycle = StepCycle(self.scheduler, self.runner, self.clock, CycleRecorder(self.recorder))
+        self.cycle = StepCycle(self.scheduler, self.runner, self.clock, CycleRecorder(self.recorder),
+                               batch_queue_size=2 if scheduler_config.async_scheduling else 1)
         self.num_added = 0
 
     def clock(self) -> float:
@@ -136,7 +138,10 @@ class Simulator:
         interrupted = False
         with _fewer_collections():
             try:
-                self._loop(iter(requests), external_finishes or {}, bar)
+                if self.cycle.batch_queue_size > 1:
+                    self._loop_async(iter(requests), bar)
+                else:
+                    self._loop(iter(requests), external_finishes or {}, bar)
             except KeyboardInterrupt:
                 interrupted = True
             finally:
@@ -183,6 +188,46 @@ class Simulator:
                 bar.update(done)
             elif not (so.total_num_scheduled_tokens or sched.running or outputs.outputs or so.preempted_req_ids):
                 self._stalled(nxt, step_start is not None and step_start(step) is not None)
+
+    def _loop_async(self, stream: Iterator[SimRequest], bar: Any) -> None:
+        """Async scheduling on the simulated clock, in vLLM's batch-queue order: the next step is scheduled
+        as soon as the one before it is launched (host time hidden behind device time, as the engine
+        hides it), runs on the device when that one ends, and its outputs apply at its own end."""
+        cycle, sched, step_time = self.cycle, self.scheduler, self.cost_model.step_time
+        add, forget = self.add_request, self.runner.forget
+        ends: deque[float] = deque()
+        device_free = 0.0
+        launched = 0
+        nxt = next(stream, None)
+        while True:
+            while nxt is not None and nxt.add_time <= self.now:
+                add(nxt)
+                nxt = next(stream, None)
+            if cycle.has_work():
+                so = cycle.begin()
+                device_free = max(self.now, device_free) + step_time(batch_from_output(so), launched)
+                launched += 1
+                ends.append(device_free)
+                if len(cycle.in_flight) < cycle.batch_queue_size and (so.total_num_scheduled_tokens
+                                                                       or cycle.has_work()):
+                    continue
+            elif not cycle.in_flight:
+                if nxt is None:
+                    return
+                self.now = max(self.now, nxt.add_time)
+                continue
+            self.now = max(self.now, ends.popleft())
+            so, outputs = cycle.finish()
+            done = 0
+            for out in outputs.outputs:
+                if out.finish_reason is not None:
+                    forget(out.request_id)
+                    done += 1
+            if done:
+                bar.update(done)
+            elif cycle.has_work() and not (so.total_num_scheduled_tokens or sched.running or outputs.outputs
+                                           or so.preempted_req_ids):
+                self._stalled(nxt, False)
 
     def _stalled(self, nxt: SimRequest | None, recorded_ahead: bool) -> None:
         """Nothing ran and nothing can until the next arrival: jump to it, or give up if there is none."""
