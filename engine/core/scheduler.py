@@ -5,6 +5,9 @@ tokens left to compute, and a step gives every request as many as the budget all
 and decodes share a batch. When a running request cannot get a block, the newest running request (FCFS)
 or the lowest-priority, latest-arriving one (priority) is preempted and later recomputed; a step that
 preempts admits nobody new.
+
+Every decision follows vLLM 0.32's own Scheduler, checked step for step against it in
+tests/test_vllm_conformance.py; rules that changed across versions name vLLM's option where they apply.
 """
 from __future__ import annotations
 
