@@ -192,7 +192,8 @@ class Simulator:
     def _loop_async(self, stream: Iterator[SimRequest], bar: Any) -> None:
         """Async scheduling on the simulated clock, in vLLM's batch-queue order: the next step is scheduled
         as soon as the one before it is launched (host time hidden behind device time, as the engine
-        hides it), runs on the device when that one ends, and its outputs apply at its own end."""
+        hides it), runs on the device when that one ends, and its outputs apply at its own end. Recorded
+        step starts and external finishes are not replayed in this mode."""
         cycle, sched, step_time = self.cycle, self.scheduler, self.cost_model.step_time
         add, forget = self.add_request, self.runner.forget
         ends: deque[float] = deque()
