@@ -139,7 +139,7 @@ class Simulator:
         with _fewer_collections():
             try:
                 if self.cycle.batch_queue_size > 1:
-                    self._loop_async(iter(requests), bar)
+                    self._loop_async(iter(requests), external_finishes or {}, bar)
                 else:
                     self._loop(iter(requests), external_finishes or {}, bar)
             except KeyboardInterrupt:
@@ -189,11 +189,12 @@ class Simulator:
             elif not (so.total_num_scheduled_tokens or sched.running or outputs.outputs or so.preempted_req_ids):
                 self._stalled(nxt, step_start is not None and step_start(step) is not None)
 
-    def _loop_async(self, stream: Iterator[SimRequest], bar: Any) -> None:
+    def _loop_async(self, stream: Iterator[SimRequest], external: dict[int, list[tuple[str, str]]],
+                    bar: Any) -> None:
         """Async scheduling on the simulated clock, in vLLM's batch-queue order: the next step is scheduled
         as soon as the one before it is launched (host time hidden behind device time, as the engine
         hides it), runs on the device when that one ends, and its outputs apply at its own end. Recorded
-        step starts and external finishes are not replayed in this mode."""
+        step starts are not followed in this mode; external finishes apply after the step they followed."""
         cycle, sched, step_time = self.cycle, self.scheduler, self.cost_model.step_time
         add, forget = self.add_request, self.runner.forget
         ends: deque[float] = deque()
@@ -201,6 +202,8 @@ class Simulator:
         launched = 0
         nxt = next(stream, None)
         while True:
+            if external and cycle.num_steps in external:
+                self._finish_external(external.pop(cycle.num_steps))
             while nxt is not None and nxt.add_time <= self.now:
                 add(nxt)
                 nxt = next(stream, None)
