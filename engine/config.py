@@ -115,6 +115,10 @@ class EngineArgs:
     enable_chunked_prefill: bool = field(default=True, metadata=_help("split long prompts over steps"))
     long_prefill_token_threshold: int = field(default=0, metadata=_help("cap tokens per prefill chunk (0: off)"))
     scheduling_policy: str = field(default="fcfs", metadata=_help("fcfs | priority"))
+    async_scheduling: bool | None = field(default=None, metadata=_help(
+        "schedule step k+1 before step k's tokens are known (vLLM 0.32; default as vLLM: on for cuda, off for cpu)"))
+    scheduler_reserve_full_isl: bool = field(default=True, metadata=_help(
+        "admit a request only when its whole sequence fits in the free KV blocks (vLLM 0.32 default: on)"))
     attention_backend: str = field(default="auto", metadata=_help("auto | torch | triton | flash-attn"))
     enforce_eager: bool = field(default=False, metadata=_help("no CUDA graphs"))
     num_threads: int | None = field(default=None, metadata=_help("torch CPU threads (default: all cores but one)"))
@@ -126,7 +130,7 @@ class EngineArgs:
         for f in dataclasses.fields(cls):
             flag = "--" + f.name.replace("_", "-")
             kw: dict[str, Any] = {"dest": f.name, "default": f.default, "help": f.metadata.get("help")}
-            if f.type in ("bool", bool):
+            if f.type in ("bool", bool, "bool | None"):
                 parser.add_argument(flag, action=argparse.BooleanOptionalAction, **kw)
             else:
                 kind = {"int | None": int, "int": int, "float": float}.get(str(f.type), str)
@@ -142,7 +146,9 @@ class EngineArgs:
         scheduler_config = SchedulerConfig(
             max_model_len=model_config.max_model_len, max_num_seqs=self.max_num_seqs,
             max_num_batched_tokens=self.max_num_batched_tokens, enable_chunked_prefill=self.enable_chunked_prefill,
-            long_prefill_token_threshold=self.long_prefill_token_threshold, policy=self.scheduling_policy)
+            long_prefill_token_threshold=self.long_prefill_token_threshold, policy=self.scheduling_policy,
+            scheduler_reserve_full_isl=self.scheduler_reserve_full_isl,
+            async_scheduling=device.startswith("cuda") if self.async_scheduling is None else self.async_scheduling)
         cache_config = CacheConfig(
             block_size=self.block_size, enable_prefix_caching=self.enable_prefix_caching,
             gpu_memory_utilization=self.gpu_memory_utilization,

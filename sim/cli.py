@@ -46,6 +46,16 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=None)
 
 
+def _add_scheduler_mode_flags(p: argparse.ArgumentParser) -> None:
+    """vLLM 0.32's scheduling modes; `sim replay` only (the cluster replicas run synchronously)."""
+    p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
+                   help="schedule step k+1 before step k's tokens are known (vLLM 0.32 AsyncScheduler; "
+                        "default: the source trace's mode, else off)")
+    p.add_argument("--scheduler-reserve-full-isl", action=argparse.BooleanOptionalAction, default=None,
+                   help="admit a request only when its whole sequence fits in the free KV blocks "
+                        "(vLLM 0.32 default: on)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="sim", description="Discrete-event simulator on the engine's own scheduler.")
     sub = p.add_subparsers(dest="command")
@@ -73,6 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--json", action="store_true", help="print the summary as JSON")
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
     _add_engine_flags(r)
+    _add_scheduler_mode_flags(r)
     c = sub.add_parser("compare", help="fidelity report of trace B against trace A")
     c.add_argument("trace_a", metavar="TRACE_DIR_A")
     c.add_argument("trace_b", metavar="TRACE_DIR_B")
@@ -117,7 +128,11 @@ def build_configs(args: argparse.Namespace, source: Any, cost_model: Any) -> tup
         "max_num_batched_tokens": _pick(args.max_num_batched_tokens, sc, "max_num_batched_tokens"),
         "enable_chunked_prefill": _pick(args.enable_chunked_prefill, sc, "enable_chunked_prefill"),
         "long_prefill_token_threshold": _pick(args.long_prefill_token_threshold, sc, "long_prefill_token_threshold"),
-        "policy": _pick(args.scheduling_policy, sc, "policy")}.items() if v is not None}
+        "policy": _pick(args.scheduling_policy, sc, "policy"),
+        "async_scheduling": _pick(getattr(args, "async_scheduling", None), sc, "async_scheduling"),
+        "scheduler_reserve_full_isl": _pick(getattr(args, "scheduler_reserve_full_isl", None), sc,
+                                            "scheduler_reserve_full_isl"),
+        }.items() if v is not None}
     block_size = _pick(args.block_size, cc, "block_size") or 16
     gpu_util = _pick(args.gpu_memory_utilization, cc, "gpu_memory_utilization") or 0.9
     try:

@@ -13,7 +13,13 @@ def _check(cond: bool, field: str, why: str, value: object) -> None:
 
 @dataclass(slots=True)
 class SchedulerConfig:
-    """vLLM's scheduler knobs under vLLM's names; `max_num_batched_tokens` is the per-step token budget."""
+    """vLLM's scheduler knobs under vLLM's names; `max_num_batched_tokens` is the per-step token budget.
+
+    `scheduler_reserve_full_isl` (vLLM 0.32, on by default; absent before) admits a waiting request only
+    when the free blocks hold its whole current sequence, not just its first chunk. `async_scheduling`
+    (vLLM 0.32 AsyncScheduler with a batch queue of two; on by default where the platform allows it,
+    off on CPU) schedules step k+1 before step k's tokens are known.
+    """
 
     max_model_len: int = 4096
     max_num_seqs: int = 256
@@ -21,6 +27,8 @@ class SchedulerConfig:
     enable_chunked_prefill: bool = True
     long_prefill_token_threshold: int = 0
     policy: str = "fcfs"
+    scheduler_reserve_full_isl: bool = True
+    async_scheduling: bool = False
 
     def __post_init__(self) -> None:
         if self.max_num_batched_tokens is None:
