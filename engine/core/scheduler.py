@@ -80,7 +80,8 @@ class Scheduler:
         if n == 0:
             return "prompt is empty"
         if n >= self.max_model_len:  # vLLM 0.32's input processor: room for at least one output token
-            return f"prompt has {n} tokens; with one output token that exceeds max_model_len={self.max_model_len}"
+            return (f"prompt has {n} tokens, longer than max_model_len={self.max_model_len} allows "
+                    "(one output token must fit too)")
         most_tokens = min(n + request.max_tokens, self.max_model_len)
         need = -(-most_tokens // self.block_size)
         have = self.kv_cache_manager.block_pool.num_usable_blocks
