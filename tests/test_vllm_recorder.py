@@ -300,13 +300,25 @@ def test_vllm_greedy_tokens_match_the_stepscope_engine_on_the_same_weights(vllm_
         assert list(out[0].outputs[0].token_ids) == [int(t) for t in output]
 
 
-def test_tui_opens_a_vllm_trace(vllm_trace):
+def test_tui_walks_to_a_vllm_preemption_and_shows_the_victim(vllm_trace):
+    import asyncio
+
+    from tui.app import StepscopeApp
     from tui.loader import open_trace
     from tui.model import RunIndex
 
     index = RunIndex(open_trace(vllm_trace))
-    t = traces.load(vllm_trace)
-    assert len(index.trace.steps) == len(t.steps)
+    d = traces.load(vllm_trace).decisions
+    victim = d[d["event"] == "preempt"]["request_id"].iloc[0]
+
+    async def go():
+        app = StepscopeApp(index)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await pilot.pause()
+            await pilot.press("x")
+            await pilot.pause()
+            return str(app.query_one("#step-summary").render())
+    assert f"preempted: {victim}" in asyncio.run(go())
 
 
 def test_sim_calibrate_fits_a_profile_from_a_vllm_trace(vllm_trace, tmp_path):

@@ -51,13 +51,16 @@ class VllmStepRecorder:
             computed = args[2] if len(args) > 2 else kwargs.get("new_computed_blocks")
             out = allocate(request, *args, **kwargs)
             if out is not None:
-                ids = kv.block_ids(rid)
-                num_hit = len(computed.blocks[0]) if computed is not None and computed.blocks else 0
-                if num_hit:
-                    kv.events.append(("hit", rid, ids[held:held + num_hit], None))
-                if len(ids) > held + num_hit:
-                    kv.events.append(("new", rid, ids[held + num_hit:], None))
-                self._cached_since(rid, max(cached, held + num_hit))
+                blocks = kv.req_to_blocks.get(rid, ())
+                if len(blocks) > held:  # only the tail: a decode step must not cost O(blocks held)
+                    ids = [b.block_id for b in blocks[held:]]
+                    num_hit = len(computed.blocks[0]) if computed is not None and computed.blocks else 0
+                    if num_hit:
+                        kv.events.append(("hit", rid, ids[:num_hit], None))
+                    if len(ids) > num_hit:
+                        kv.events.append(("new", rid, ids[num_hit:], None))
+                    cached = max(cached, held + num_hit)
+                self._cached_since(rid, cached)
             return out
 
         def cache_blocks(request: Any, num_computed_tokens: int) -> None:
@@ -89,25 +92,29 @@ class VllmStepRecorder:
     # ---- the scheduler's calls -----------------------------------------------------------------------
     def on_add(self, request: Any) -> None:
         now = time.monotonic()
-        params = request.sampling_params
         rec = RecordedRequest(request.request_id, request.arrival_time - self.wall_minus_mono, now,
-                              request.num_prompt_tokens, list(request.prompt_token_ids or ()),
-                              params.max_tokens if params is not None else None, request.priority)
+                              request.num_prompt_tokens, list(request.prompt_token_ids or ()), request.max_tokens,
+                              request.priority)
         self.requests[rec.request_id] = rec
         self.recorder.on_add(rec)
 
     def on_schedule(self, so: Any, start: float, end: float) -> None:
-        preempted = [(rid, ids) for rid, ids in self.take_freed()]
+        preempted = self.take_freed()
         recs = self.requests
         for rid, _ in preempted:
             if (r := recs.get(rid)) is not None:
                 r.num_preemptions += 1
+        resumed_as_new = set()
         for d in so.scheduled_new_reqs:
             r = recs.get(d.req_id)
-            if r is not None and r.first_scheduled_time is None:
+            if r is None:
+                continue
+            if r.first_scheduled_time is None:
                 r.first_scheduled_time = start
                 r.num_cached_tokens = d.num_computed_tokens
-        step = [core_output(so, self.scheduler.requests, preempted), start, end, end]
+            else:
+                resumed_as_new.add(d.req_id)
+        step = [core_output(so, self.scheduler.requests, preempted, resumed_as_new), start, end, end]
         self.in_flight.append(step)
 
     def on_execute_end(self, when: float) -> None:

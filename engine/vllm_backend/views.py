@@ -94,21 +94,30 @@ class SchedulerView:
         return self.scheduler.waiting
 
 
-def core_output(so: Any, requests: dict[str, Any], preempted: list[tuple[str, list[int]]]) -> SchedulerOutput:
+def core_output(so: Any, requests: dict[str, Any], preempted: list[tuple[str, list[int]]],
+                resumed_as_new: set[str] = frozenset()) -> SchedulerOutput:
     """vLLM's SchedulerOutput as engine.core's, read right after vLLM's `schedule()` returned.
 
     Called after vLLM advanced `num_computed_tokens`: a running request's step is a decode when it
     computes one token, that token is an output token, and it is the last token known (vLLM's
-    `is_prefill_chunk` is false), which is engine.core's rule.
+    `is_prefill_chunk` is false), which is engine.core's rule. vLLM's v2 model runner sends resumed
+    requests as new ones (`resumed_as_new`); they are listed after the running ones, as engine.core does.
     """
     num = so.num_scheduled_tokens
     new = [NewRequestData(d.req_id, [], None, list(d.block_ids[0]) if d.block_ids else [], d.num_computed_tokens)
-           for d in so.scheduled_new_reqs]
+           for d in so.scheduled_new_reqs if d.req_id not in resumed_as_new]
     c = so.scheduled_cached_reqs
     resumed = c.resumed_req_ids
     cached = CachedRequestData(
         list(c.req_ids), [rid in resumed for rid in c.req_ids], [None] * len(c.req_ids),
         [list(ids[0]) if ids else [] for ids in c.new_block_ids], list(c.num_computed_tokens))
+    for d in so.scheduled_new_reqs:
+        if d.req_id in resumed_as_new:
+            cached.req_ids.append(d.req_id)
+            cached.resumed_from_preemption.append(True)
+            cached.resumed_token_ids.append(None)
+            cached.new_block_ids.append(list(d.block_ids[0]) if d.block_ids else [])
+            cached.num_computed_tokens.append(d.num_computed_tokens)
     decode = set()
     for rid in c.req_ids:
         if num[rid] == 1 and rid not in resumed:
