@@ -118,12 +118,18 @@ class FakeVllm:
             sampled.append([] if r.is_prefill_chunk else [3 + (sum(map(ord, rid)) * 31 + r.num_computed_tokens) % 900])
         return ModelRunnerOutput(ids, {rid: i for i, rid in enumerate(ids)}, sampled)
 
-    def run(self, arrivals: dict[int, list[tuple[str, list[int], int]]], stop_after: int | None = None) -> None:
+    def run(self, arrivals: dict[int, list[tuple[str, list[int], int]]], stop_after: int | None = None,
+            aborts: dict[int, str] | None = None) -> None:
         """Sync: schedule, execute, update per tick. Async: the engine core's batch queue of two, so
-        step k+1 is scheduled before step k's output is applied."""
+        step k+1 is scheduled before step k's output is applied. `aborts`: tick -> request aborted
+        before that tick's step, as the engine core does between steps."""
+        from vllm.v1.request import RequestStatus
+
         queue: list = []
         tick = 0
         while tick <= max(arrivals) or self.sched.has_requests() or queue:
+            if aborts and tick in aborts:
+                self.sched.finish_requests([aborts[tick]], RequestStatus.FINISHED_ABORTED)
             for rid, prompt, max_tokens in arrivals.get(tick, ()):
                 self.add(rid, prompt, max_tokens)
             tick += 1
@@ -190,6 +196,16 @@ def test_async_replay_makes_vllms_decision_at_every_step(tmp_path, monkeypatch):
     fake.sched.close_trace()
     t = traces.load(path)
     assert t.meta["config"]["scheduler"]["async_scheduling"] is True
+    assert first_difference(t, replay(path, tmp_path / "replay")) is None
+
+
+def test_abort_between_steps_is_recorded_and_replayed(tmp_path, monkeypatch):
+    path, fake = record_fake(tmp_path, monkeypatch, "abort", reserve_full_isl=False, aborts={6: "r1"})
+    fake.sched.close_trace()
+    t = traces.load(path)
+    row = t.decisions[t.decisions["event"] == "abort"]
+    assert list(row["request_id"]) == ["r1"] and len(row["blocks_freed"].iloc[0]) > 0
+    assert t.requests.set_index("request_id").loc["r1", "finish_reason"] == "abort"
     assert first_difference(t, replay(path, tmp_path / "replay")) is None
 
 
