@@ -337,12 +337,16 @@ def test_tui_walks_to_a_vllm_preemption_and_shows_the_victim(vllm_trace):
     assert f"preempted: {victim}" in asyncio.run(go())
 
 
-def test_sim_calibrate_fits_a_profile_from_a_vllm_trace(vllm_trace, tmp_path):
+def test_sim_calibrate_fits_a_profile_from_a_vllm_trace_as_a_measured_run(vllm_trace, tmp_path, capsys):
+    import json
+
     from sim.calibrate import main_calibrate
 
     out = tmp_path / "vllm.json"
     assert main_calibrate([str(vllm_trace), "-o", str(out)]) == 0
-    assert out.stat().st_size > 0
+    assert "not a measured engine run" not in capsys.readouterr().err
+    profile = json.loads(out.read_text())
+    assert profile["coefficients"]["c0"] > 0 or profile["coefficients"]["c_d"] > 0
 
 
 def test_engine_run_vllm_backend_without_a_checkpoint_dir_is_one_line_exit_2(tmp_path, capsys):

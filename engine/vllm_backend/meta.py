@@ -9,7 +9,7 @@ from typing import Any
 def _model_meta(model_config: Any) -> dict[str, Any]:
     hf = getattr(model_config, "hf_config", None)
     archs = getattr(hf, "architectures", None) or []
-    return {"name": str(model_config.model), "source": "vllm", "architecture": archs[0] if archs else None,
+    return {"model": str(model_config.model), "source": "checkpoint", "architecture": archs[0] if archs else None,
             "dtype": str(model_config.dtype).removeprefix("torch."),
             "hf_config": hf.to_dict() if hasattr(hf, "to_dict") else None}
 
