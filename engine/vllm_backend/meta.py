@@ -16,12 +16,16 @@ def _model_meta(model_config: Any) -> dict[str, Any]:
 
 def scheduler_meta(scheduler: Any) -> dict[str, Any]:
     """The knobs that decide steps, as the running scheduler holds them (after vLLM's own defaulting)."""
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+
     sc = scheduler.scheduler_config
     return {"max_model_len": scheduler.max_model_len, "max_num_seqs": sc.max_num_seqs,
             "max_num_batched_tokens": scheduler.max_num_scheduled_tokens,
             "enable_chunked_prefill": bool(sc.enable_chunked_prefill),
             "long_prefill_token_threshold": int(sc.long_prefill_token_threshold), "policy": str(sc.policy),
-            "async_scheduling": bool(sc.async_scheduling),
+            # The class decides: vLLM's CPU platform turns the config flag off, yet an AsyncScheduler
+            # (driven in batch-queue order) still schedules ahead.
+            "async_scheduling": isinstance(scheduler, AsyncScheduler),
             "scheduler_reserve_full_isl": bool(getattr(sc, "scheduler_reserve_full_isl", False)),
             "scheduler_cls": f"{type(scheduler).__module__}.{type(scheduler).__qualname__}"}
 
