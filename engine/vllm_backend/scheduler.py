@@ -66,7 +66,9 @@ class _Recording:
         return ended
 
     def shutdown(self) -> None:
-        self.close_trace()
+        # vLLM's engine core process is given seconds to exit: end the trace without the Parquet
+        # compaction (the JSON-lines streams are a complete trace too).
+        self.close_trace(compact=False)
         super().shutdown()
 
     def close_trace(self, **final_meta: Any) -> None:
