@@ -115,9 +115,6 @@ def build_configs(args: argparse.Namespace, source: Any, cost_model: Any) -> tup
         "enable_chunked_prefill": _pick(args.enable_chunked_prefill, sc, "enable_chunked_prefill"),
         "long_prefill_token_threshold": _pick(args.long_prefill_token_threshold, sc, "long_prefill_token_threshold"),
         "policy": _pick(args.scheduling_policy, sc, "policy")}.items() if v is not None}
-    # vLLM 0.32 rules a trace records (vLLM traces always do): kept where engine.core knows the option.
-    kw.update({k: sc[k] for k in ("scheduler_reserve_full_isl", "async_scheduling")
-               if sc.get(k) is not None and k in SchedulerConfig.__dataclass_fields__})
     block_size = _pick(args.block_size, cc, "block_size") or 16
     gpu_util = _pick(args.gpu_memory_utilization, cc, "gpu_memory_utilization") or 0.9
     try:
