@@ -16,7 +16,6 @@ import pytest
 pytest.importorskip("vllm")
 
 import traces  # noqa: E402
-from engine.builtin import BUILTIN_DIR  # noqa: E402
 from engine.core.config import SchedulerConfig  # noqa: E402
 from engine.vllm_backend import TRACE_DIR_ENV  # noqa: E402
 from sim.cli import main as sim_main  # noqa: E402
@@ -68,6 +67,20 @@ def replay(trace_dir, out) -> traces.Trace:
 
 
 # ---- the scheduler subclasses, standalone, with a fake model ----------------------------------------
+_CONFIG_DIR: list = []
+
+
+def _config_dir():
+    """One directory with the built-in model's config.json for every standalone scheduler."""
+    if not _CONFIG_DIR:
+        import tempfile
+
+        from engine.vllm_backend.checkpoint import write_builtin_config
+
+        _CONFIG_DIR.append(write_builtin_config(tempfile.mkdtemp(prefix="stepscope-vllm-config-")))
+    return _CONFIG_DIR[0]
+
+
 class FakeVllm:
     """vLLM's scheduler built as its engine core builds it (one full-attention KV group), fed requests at
     driver ticks; the fake model samples one token for every request not mid-prefill."""
@@ -85,7 +98,7 @@ class FakeVllm:
         hash_fn = get_hash_fn_by_name("sha256")
         init_none_hash(hash_fn)
         self.hasher = get_request_block_hasher(block_size, hash_fn)
-        model = ModelConfig(model=str(BUILTIN_DIR), skip_tokenizer_init=True, dtype="float32", max_model_len=64)
+        model = ModelConfig(model=str(_config_dir()), skip_tokenizer_init=True, dtype="float32", max_model_len=64)
         cache = CacheConfig(block_size=block_size, enable_prefix_caching=True)
         cache.num_gpu_blocks = num_blocks
         sched = VSchedulerConfig(max_num_seqs=4, max_num_batched_tokens=16, max_model_len=64,
