@@ -118,7 +118,7 @@ def _stats(laws: dict[str, dict[str, Any]], samples: list[StepSamples]) -> dict[
 def _identity_warnings(traces: list[Trace], idents: list[dict[str, Any]]) -> list[str]:
     out = []
     for t, ident in zip(traces, idents):
-        if t.source != "engine":
+        if t.source not in ("engine", "vllm"):  # vllm: a measured run of real vLLM (engine.vllm_backend)
             out.append(f"{t.path}: source is {t.source!r}, not a measured engine run")
         for label in (model_label, device_label):
             if label(ident) != label(idents[0]):
