@@ -9,6 +9,7 @@ from typing import Any
 
 import pandas as pd
 
+from traces.arrowstream import arrow_stream_file, read_arrow_stream
 from traces.schema import FORMAT_VERSION, META_FILE, SPANS_FILE, TABLES, parquet_file, stream_file
 
 
@@ -110,7 +111,11 @@ def load(path: str | Path, arrow_lists: bool = False) -> Trace:
             else:
                 tables[table] = pd.read_parquet(pq)
         else:
-            tables[table], cut = read_stream(root / stream_file(table), columns)
+            arrows = root / arrow_stream_file(table)  # a batched writer's stream (traces/arrowstream.py)
+            if arrows.is_file():
+                tables[table], cut = read_arrow_stream(arrows, columns)
+            else:
+                tables[table], cut = read_stream(root / stream_file(table), columns)
             if cut:
                 truncated.append(table)
     if not meta.get("complete"):
