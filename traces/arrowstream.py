@@ -68,10 +68,13 @@ def iter_batches(path: Path) -> tuple[Any, Iterator[Any], list[bool]]:
 
 def read_arrow_stream(path: Path, columns: tuple[str, ...]) -> tuple[Any, bool]:
     """A stream as a pandas DataFrame with the schema's columns first, and whether its end was cut;
-    a stream cut before its schema reads as an empty table."""
+    an empty file (the schema goes out with the first batch) is an empty table, one cut inside its
+    schema an empty table cut short."""
     import pandas as pd
     import pyarrow as pa
 
+    if path.stat().st_size == 0:
+        return pd.DataFrame(columns=list(columns)), False
     try:
         schema, batches, truncated = iter_batches(path)
     except (pa.ArrowInvalid, OSError):
