@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from itertools import accumulate, chain
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -29,20 +29,26 @@ def to_batch(columns: dict[str, list[Any]], schema: Any) -> Any:
 
 
 def _array(values: list[Any], ty: Any) -> Any:
-    """pa.array, except that list columns are built from offsets and one flat list of values: several
+    """pa.array, except that list columns are built from offsets and one flat array of values: several
     times faster than letting Arrow inspect each row's list (null rows allowed)."""
+    import numpy as np
     import pyarrow as pa
 
     if not pa.types.is_list(ty):
         return pa.array(values, ty)
-    nulls = [v is None for v in values]
+    n = len(values)
     mask = None
-    if True in nulls:
+    try:
+        lengths = np.fromiter(map(len, values), np.int32, n)
+    except TypeError:  # null rows
+        mask = pa.array([v is None for v in values], pa.bool_())
         values = [() if v is None else v for v in values]
-        mask = pa.array(nulls, pa.bool_())
-    offsets = pa.array([0, *accumulate(map(len, values))], pa.int32())
-    flat = pa.array(list(chain.from_iterable(values)), ty.value_type)
-    return pa.ListArray.from_arrays(offsets, flat, type=ty, mask=mask)
+        lengths = np.fromiter(map(len, values), np.int32, n)
+    offsets = np.zeros(n + 1, np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    flat = chain.from_iterable(values)
+    items = np.fromiter(flat, np.int64) if pa.types.is_integer(ty.value_type) else list(flat)
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(items, ty.value_type), type=ty, mask=mask)
 
 
 def iter_batches(path: Path) -> tuple[Any, Iterator[Any], list[bool]]:
