@@ -5,8 +5,8 @@ Run from the repo root: `python bench/sim_speed.py [--max-requests N] [--trace-l
 [--profile]`. Prints `steps/s: <n> steps/s` (simulated steps per second of the event loop, recording
 included), `azure conv replay: <seconds> s` (end to end: request stream, loop, trace compaction,
 summary), `cpu time: <seconds> s` (this process, all threads: steadier than wall time on a shared
-machine) and `peak rss: <n> MB`. `--profile` prints the loop's top functions by own time for the
-first 1,000 requests.
+machine) and `peak rss: <n> MB` (the process's peak resident memory, summary included). `--profile`
+prints the loop's top functions by own time for the first 1,000 requests.
 If the roofline model is not importable, a fixed-cost stand-in is used and the output says so.
 """
 from __future__ import annotations
@@ -93,6 +93,7 @@ def main() -> int:
     print(f"steps/s: {result.num_steps / result.wall_time:.0f} steps/s")
     print(f"azure conv replay: {total:.1f} s")
     print(f"cpu time: {cpu:.1f} s")
+    # ru_maxrss is in KiB on Linux: the whole run's peak, the summary included.
     print(f"peak rss: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB")
     return 0
 

@@ -7,14 +7,15 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from engine.core.config import CacheConfig, SchedulerConfig
-
-BUILTIN = "builtin"
+from engine.core.model_shapes import BUILTIN, get_model_config
 DEFAULT_CPU_KV_CACHE_MEMORY = 512 << 20
 
 
@@ -31,6 +32,7 @@ class ModelConfig:
     dtype: str
     seed: int
     max_model_len: int
+    skip_tokenizer_init: bool = False
 
     @property
     def architecture(self) -> str:
@@ -45,6 +47,7 @@ class ModelConfig:
         return {"model": self.model, "source": self.source, "architecture": self.architecture,
                 "model_dir": str(self.model_dir) if self.model_dir else None, "load_format": self.load_format,
                 "dtype": self.dtype, "seed": self.seed, "max_model_len": self.max_model_len,
+                "tokenizer": str(self.tokenizer_dir) if self.tokenizer_dir else None,
                 "hf_config": self.hf_config.to_dict()}
 
 
@@ -93,11 +96,15 @@ class EngineArgs:
 
     model: str | None = field(default=None, metadata=_help("local HF checkpoint dir or preset; default: built-in model"))
     tokenizer: str | None = field(default=None, metadata=_help("tokenizer dir (default: the model's)"))
+    skip_tokenizer_init: bool = field(default=False, metadata=_help(
+        "load no tokenizer: prompts must be token ids, outputs carry no text"))
     load_format: str = field(default="auto", metadata=_help("auto | safetensors | dummy"))
     dtype: str = field(default="auto", metadata=_help("auto | float32 | bfloat16 | float16"))
     device: str = field(default="auto", metadata=_help("auto | cpu | cuda"))
     seed: int = field(default=0, metadata=_help("seed for dummy weights and unseeded sampling"))
     max_model_len: int | None = field(default=None, metadata=_help("context length (default: the model's)"))
+    hf_overrides: dict | str | None = field(default=None, metadata=_help(
+        "JSON object of model config fields to override, e.g. '{\"max_position_embeddings\": 8192}'"))
     max_num_seqs: int = field(default=256, metadata=_help("max requests in one step"))
     max_num_batched_tokens: int | None = field(default=None, metadata=_help("token budget per step"))
     block_size: int = field(default=16, metadata=_help("tokens per KV block"))
@@ -157,7 +164,7 @@ class EngineArgs:
         name = self.model or BUILTIN
         if name == BUILTIN:
             source, model_dir, tok_dir, load_format = "builtin", None, BUILTIN_DIR, "dummy"
-            hf_config = AutoConfig.from_pretrained(BUILTIN_DIR, local_files_only=True)
+            hf_config = hf_config_from_dict(get_model_config(BUILTIN))
         elif name in PRESETS:
             source, model_dir, tok_dir, load_format = "preset", None, None, "dummy"
             preset = get_preset(name)
@@ -177,12 +184,37 @@ class EngineArgs:
             load_format = self.load_format
         if self.tokenizer:
             tok_dir = Path(self.tokenizer)
+        if self.skip_tokenizer_init:
+            tok_dir = None
         dtype = resolve_dtype(self.dtype, device)
+        overrides = parse_hf_overrides(self.hf_overrides)
+        if overrides:
+            hf_config.update(overrides)
         limit = getattr(hf_config, "max_position_embeddings", None) or 4096
         max_model_len = self.max_model_len or limit
         if max_model_len < 1:
             raise ValueError(f"max_model_len: must be >= 1, got {max_model_len}")
-        return ModelConfig(name, source, hf_config, model_dir, tok_dir, load_format, dtype, self.seed, max_model_len)
+        if max_model_len > limit:
+            # Positions past the model's table have no rotary embedding: refuse now, not at the first long step.
+            raise ValueError(f"max_model_len: {max_model_len} is more than the model's max_position_embeddings="
+                             f"{limit}; lower --max-model-len or override it with --hf-overrides "
+                             f"'{{\"max_position_embeddings\": {max_model_len}}}'")
+        return ModelConfig(name, source, hf_config, model_dir, tok_dir, load_format, dtype, self.seed, max_model_len,
+                           self.skip_tokenizer_init)
+
+
+def parse_hf_overrides(value: dict | str | None) -> dict:
+    """vLLM's hf_overrides: a dict from Python, a JSON object from the command line."""
+    if value is None or value == "":
+        return {}
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"hf_overrides: not valid JSON ({e.msg} at character {e.pos}): {value!r}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"hf_overrides: must be a JSON object of config fields, got {type(value).__name__}")
+    return value
 
 
 def resolve_device(device: str) -> str:
@@ -213,3 +245,24 @@ def default_num_threads() -> int:
     155-185 ms under load on 2 threads. Leaving one core free keeps the worst case close to the best."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return max(1, cores - 1)
+
+
+# Spin iterations of torch's OpenMP runtime (libgomp) before a waiting worker sleeps; its default, ~300k,
+# spins for milliseconds, so a thread waiting on a partner that shares a core with another busy process
+# burns its own core and keeps the partner from migrating to it: with a busy neighbour, 2 threads ran a
+# decode-sized matmul loop 7x slower than 1 (1,150 against 160 ms); with 1,000 spins they matched it.
+OPENMP_SPIN_COUNT = "1000"
+
+
+def bound_openmp_spin() -> bool:
+    """Bound OpenMP spin-waiting unless the user chose a wait policy. False when it is too late: libgomp
+    reads the variable once, when torch loads it."""
+    if "GOMP_SPINCOUNT" in os.environ or "OMP_WAIT_POLICY" in os.environ:
+        return True
+    if "torch" in sys.modules:
+        return False
+    os.environ["GOMP_SPINCOUNT"] = OPENMP_SPIN_COUNT
+    return True
+
+
+OPENMP_SPIN_BOUNDED = bound_openmp_spin()

@@ -10,9 +10,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from engine.config import DEFAULT_CPU_KV_CACHE_MEMORY, EngineConfig
-from engine.core.outputs import EngineCoreOutputs
+from engine.core.outputs import EngineCoreOutput, EngineCoreOutputs
 from engine.core.request import Request, RequestStatus
 from engine.core.sampling_params import SamplingParams
+from engine.core.sched_output import SchedulerOutput
 from engine.core.scheduler import Scheduler
 from engine.executor import UniProcExecutor
 
@@ -164,9 +165,29 @@ class EngineCore:
         scheduler_output = self.scheduler.schedule()
         self.num_steps += 1
         self.num_preemptions += len(scheduler_output.preempted_req_ids)
-        self.executor.execute_model(scheduler_output)
-        runner_output = self.executor.sample_tokens()
+        try:
+            self.executor.execute_model(scheduler_output)
+            runner_output = self.executor.sample_tokens()
+        except Exception as e:
+            return self._fail_step(scheduler_output, e)
         return self.scheduler.update_from_output(scheduler_output, runner_output)
+
+    def _fail_step(self, scheduler_output: SchedulerOutput, error: Exception) -> EngineCoreOutputs:
+        """The forward or sampling raised: end exactly this step's requests with the error (their blocks
+        freed, their advanced progress gone with them) so every other request keeps being served."""
+        scheduler = self.scheduler
+        message = f"{type(error).__name__}: {error}"
+        ids = [rid for rid in scheduler_output.num_scheduled_tokens if rid in scheduler.requests]
+        logger.error("step %d failed, ending its %d request(s): %s", self.num_steps, len(ids), message)
+        for rid in ids:
+            scheduler.requests[rid].error = message
+        freed = scheduler.finish_requests(ids, RequestStatus.FINISHED_ERROR)
+        # The runner may have raised before dropping the requests that finished last step: tell it again.
+        scheduler.finished_req_ids |= scheduler_output.finished_req_ids
+        if self.trace is not None:
+            self.trace.on_abort(freed)
+        outputs = [EngineCoreOutput(rid, [], "error", message, freed_block_ids=blocks) for rid, blocks in freed.items()]
+        return EngineCoreOutputs(outputs, scheduler.make_stats())
 
     def _traced_step(self) -> EngineCoreOutputs:
         """The same step with five timestamps taken; rows and spans are built from them afterwards."""
@@ -174,9 +195,16 @@ class EngineCore:
         t_sched = clock()
         scheduler_output = self.scheduler.schedule()
         t_exec = clock()
-        self.executor.execute_model(scheduler_output)
-        t_sample = clock()
-        runner_output = self.executor.sample_tokens()
+        try:
+            self.executor.execute_model(scheduler_output)
+            t_sample = clock()
+            runner_output = self.executor.sample_tokens()
+        except Exception as e:
+            t_fail = clock()
+            self.num_steps += 1
+            self.trace.on_step(scheduler_output, EngineCoreOutputs([], self.scheduler.make_stats()),
+                               (t_sched, t_exec, t_fail, t_fail, t_fail))
+            return self._fail_step(scheduler_output, e)
         t_update = clock()
         outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
         t_end = clock()

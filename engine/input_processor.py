@@ -5,7 +5,7 @@ import time
 from typing import Any
 
 from engine.config import EngineConfig
-from engine.core.sampling_params import SamplingParams
+from engine.core.sampling_params import SamplingParams, as_int
 from engine.engine_core import EngineCoreRequest
 
 
@@ -15,14 +15,31 @@ class InputProcessor:
         self.max_model_len = config.model_config.max_model_len
         self.vocab_size = config.model_config.hf_config.vocab_size
         self.eos_token_id = config.model_config.eos_token_id
+        self.why_no_tokenizer = ("the engine was started with skip_tokenizer_init=True"
+                                 if config.model_config.skip_tokenizer_init else "this model has none")
 
     def process_inputs(self, request_id: str, prompt: str | dict, params: SamplingParams | None,
                        arrival_time: float | None = None, priority: int = 0) -> tuple[EngineCoreRequest, str | None]:
-        """Raise ValueError with the reason for a request that cannot be served; return it otherwise."""
+        """Raise ValueError naming the request and the field for a request that cannot be served;
+        return it otherwise. Everything that could fail inside a model step is checked here."""
+        try:
+            params, text, ids = self._validate(prompt, params)
+        except ValueError as e:
+            raise ValueError(f"request {request_id}: {e}") from None
+        return EngineCoreRequest(request_id, ids, params, self.eos_token_id,
+                                 time.monotonic() if arrival_time is None else arrival_time, priority), text
+
+    def _validate(self, prompt: str | dict, params: SamplingParams | None
+                  ) -> tuple[SamplingParams, str | None, list[int]]:
         if params is None:
             params = SamplingParams()
         if not isinstance(params, SamplingParams):
             raise ValueError(f"sampling_params: expected SamplingParams, got {type(params).__name__}")
+        params.verify()  # again: the dataclass may have been changed since it was built
+        params.verify_token_ids(self.vocab_size)
+        if params.stop and self.tokenizer is None:
+            raise ValueError(f"SamplingParams.stop: stop strings need a tokenizer and {self.why_no_tokenizer}; "
+                             f"use stop_token_ids")
         text, ids = self._tokens(prompt)
         if not ids:
             raise ValueError("prompt: is empty")
@@ -31,17 +48,23 @@ class InputProcessor:
             raise ValueError(f"prompt_token_ids: {bad[0]} is outside the vocabulary [0, {self.vocab_size})")
         if len(ids) > self.max_model_len:
             raise ValueError(f"prompt: {len(ids)} tokens is longer than max_model_len={self.max_model_len}")
-        return EngineCoreRequest(request_id, ids, params, self.eos_token_id,
-                                 time.monotonic() if arrival_time is None else arrival_time, priority), text
+        return params, text, ids
 
     def _tokens(self, prompt: str | dict) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):
             if self.tokenizer is None:
-                raise ValueError("prompt: text needs a tokenizer; this model has none, pass prompt_token_ids")
+                raise ValueError(f"prompt: text needs a tokenizer and {self.why_no_tokenizer}; "
+                                 f"pass {{'prompt_token_ids': [...]}}")
             return prompt, self.tokenizer.encode(prompt, add_special_tokens=False)
         if isinstance(prompt, dict) and "prompt_token_ids" in prompt:
             ids = prompt["prompt_token_ids"]
-            if not isinstance(ids, (list, tuple)) or any(not isinstance(t, int) for t in ids):
-                raise ValueError("prompt_token_ids: must be a list of ints")
-            return prompt.get("prompt"), list(ids)
+            if hasattr(ids, "tolist") and getattr(ids, "ndim", None) == 1:  # a numpy array
+                ids = ids.tolist()
+            if not isinstance(ids, (list, tuple)):
+                raise ValueError(f"prompt_token_ids: must be a list of ints, got {type(ids).__name__}")
+            plain = [as_int(t) for t in ids]
+            if None in plain:
+                i = plain.index(None)
+                raise ValueError(f"prompt_token_ids[{i}]: {ids[i]!r} is not a token id (an int, not a bool)")
+            return prompt.get("prompt"), plain
         raise ValueError(f"prompt: expected a string or {{'prompt_token_ids': [...]}}, got {type(prompt).__name__}")

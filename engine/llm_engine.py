@@ -6,7 +6,7 @@ import time
 
 from engine.config import EngineArgs, EngineConfig
 from engine.core.request import RequestStatus
-from engine.core.sampling_params import SamplingParams
+from engine.core.sampling_params import SamplingParams, as_int
 from engine.engine_core import InprocClient
 from engine.input_processor import InputProcessor
 from engine.output_processor import OutputProcessor
@@ -19,7 +19,11 @@ class LLMEngine:
 
         self.config = config
         tok_dir = config.model_config.tokenizer_dir
-        self.tokenizer = get_tokenizer(tok_dir) if tok_dir is not None else None
+        try:
+            self.tokenizer = get_tokenizer(tok_dir) if tok_dir is not None else None
+        except ValueError as e:
+            raise ValueError(f"tokenizer: {e}; pass tokenizer=PATH (--tokenizer), or skip_tokenizer_init=True "
+                             f"(--skip-tokenizer-init) to serve token-id prompts only") from None
         self.input_processor = InputProcessor(config, self.tokenizer)
         self.output_processor = OutputProcessor(self.tokenizer)
         self.engine_core = InprocClient(config)
@@ -37,7 +41,7 @@ class LLMEngine:
             request, text = self.input_processor.process_inputs(request_id, prompt, params, arrival_time, priority)
         except ValueError as e:
             ids = prompt.get("prompt_token_ids", []) if isinstance(prompt, dict) else []
-            ids = [t for t in ids if isinstance(t, int)] if isinstance(ids, (list, tuple)) else []
+            ids = [t for t in map(as_int, ids) if t is not None] if isinstance(ids, (list, tuple)) else []
             arrival = time.monotonic() if arrival_time is None else arrival_time
             self._rejected.append(RequestOutput(
                 request_id, prompt if isinstance(prompt, str) else None, ids,

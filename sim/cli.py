@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-import tempfile
+import time
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -52,12 +51,15 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command")
     r = sub.add_parser("replay", help="simulate a workload file or replay an engine trace directory")
     r.add_argument("source", metavar="FILE.yaml|TRACE_DIR")
-    r.add_argument("--trace", default=None, metavar="DIR", help="write the trace here (default: a temp dir)")
+    r.add_argument("--trace", default=None, metavar="DIR",
+                   help="write the trace here (default: runs/<source>-sim-<date-time>/)")
     r.add_argument("--cost-model", default=None, help="recorded | calibrated | roofline | PROFILE.json "
                    "(default: recorded for a trace, roofline for a workload)")
     r.add_argument("--profile", default=None, metavar="PROFILE.json", help="for calibrated (or roofline on cpu)")
     r.add_argument("--step-noise", action="store_true",
-                   help="calibrated: scale each step by the measured scatter of step times (reproducible tails)")
+                   help="calibrated: one replay with measured residuals drawn in blocks, seeded by --seed")
+    r.add_argument("--samples", type=int, default=None, metavar="N",
+                   help="calibrated: also rerun N seeded replays with sampled residuals; metrics as median [p5-p95]")
     r.add_argument("--model", default=None, help=f"model preset for roofline (default: the trace's model, "
                    f"else {DEFAULT_ROOFLINE_MODEL})")
     r.add_argument("--hardware", default=None, help=f"h100 | h200 | a100 | l4 | ... (default {DEFAULT_HARDWARE})")
@@ -77,6 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("trace_a", metavar="TRACE_DIR_A")
     c.add_argument("trace_b", metavar="TRACE_DIR_B")
     c.add_argument("--json", action="store_true", help="machine-readable report")
+    c.add_argument("--plots", default=None, metavar="DIR", help="write QQ plots of TTFT and ITL (B against A)")
     sub.add_parser("calibrate", help="fit a cost model from engine traces (sim calibrate -h)", add_help=False)
     sub.add_parser("plan", help="capacity planning under SLOs (sim plan -h)", add_help=False).add_argument(
         "rest", nargs=argparse.REMAINDER)
@@ -146,6 +149,11 @@ def build_configs(args: argparse.Namespace, source: Any, cost_model: Any) -> tup
 def _check_flags(args: argparse.Namespace) -> None:
     if not args.time_scale > 0:
         raise ValueError(f"--time-scale: must be > 0, got {args.time_scale}")
+    if args.samples is not None and args.samples < 1:
+        raise ValueError(f"--samples: must be >= 1, got {args.samples}")
+    if (args.samples or args.step_noise) and (args.cost_model or "") in ("recorded", "roofline", ""):
+        raise ValueError("--samples/--step-noise: need a calibrated cost model (--cost-model PROFILE.json), "
+                         "the only one with a measured residual distribution")
     for flag, value, low in (("--max-requests", args.max_requests, 1), ("--num-gpu-blocks", args.num_gpu_blocks, 2),
                              ("--vocab-size", args.vocab_size, 4)):
         if value is not None and value < low:
@@ -158,37 +166,56 @@ def _check_flags(args: argparse.Namespace) -> None:
         raise ValueError(f"{args.source}: no such workload file or trace directory")
 
 
-def replay(args: argparse.Namespace) -> int:
+def _simulate(args: argparse.Namespace, trace_dir: str, residual_seed: int | None = None,
+              progress: bool = False, announce: bool = False) -> tuple[Any, Any]:
+    """One replay of `args.source` into `trace_dir`: (SimResult, cost model); `announce` prints first
+    what is simulated."""
     from sim.cost_models import get_cost_model
     from sim.loop import Simulator
-    from sim.report import format_sim_summary, load_for_summary, parse_slo, sim_summary, write_plots
     from sim.sources import open_source
+    from traces.describe import describe_replay
 
-    _check_flags(args)
-    slos = parse_slo(args.slo) if args.slo is not None else None
     is_trace = Path(args.source).is_dir()
     name = args.cost_model or ("recorded" if is_trace else "roofline")
     exact = name == "recorded" and args.time_scale == 1.0
     source = open_source(args.source, args.vocab_size, args.max_requests, args.time_scale, exact_times=exact)
+    if name == "recorded" and source.trace is not None and not len(source.trace.steps):
+        raise ValueError(f"{args.source}: the trace has no steps, so --cost-model recorded has no step times "
+                         "to replay (use roofline or calibrated)")
     model = args.model or source.model.get("hf_config") or DEFAULT_ROOFLINE_MODEL
     hardware = args.hardware or DEFAULT_HARDWARE
     cost_model = get_cost_model(name, source.trace, model=model, hardware=hardware, profile=args.profile,
-                                step_noise=args.step_noise)
+                                residual_seed=residual_seed)
     sched, cache, how = build_configs(args, source, cost_model)
-    tmp = None if args.trace else tempfile.TemporaryDirectory(prefix="stepscope-sim-")
-    trace_dir = args.trace or tmp.name
-    model_meta = dict(source.model) if name == "recorded" else {
-        "model": model if isinstance(model, str) else "hf_config", "source": "sim",
-        **({} if isinstance(model, str) else {"hf_config": model})}
+    model_meta, simulated_hardware = _simulated_model(name, source, model, hardware, cost_model.describe())
     meta = {"config": {"model": model_meta}, "workload": source.meta,
-            "device": {"type": "sim", "hardware": None if name == "recorded" else hardware},
+            "device": {"type": "sim", "hardware": simulated_hardware},
             "kv_cache": {"num_blocks": cache.num_gpu_blocks, "block_size": cache.block_size, "how": how}}
+    if announce:
+        print(describe_replay(source.path, source.num_requests, meta, cost_model.describe(), sched, cache))
     sim = Simulator(sched, cache, cost_model, trace_dir, meta, seed=args.seed or 0, vocab_size=args.vocab_size,
                     follow_recorded=exact)
     sim.recorder.set_trace_level(args.trace_level)
-    result = sim.run(source.requests, source.external_finishes, source.num_requests, progress=not args.no_progress)
+    return sim.run(source.requests, source.external_finishes, source.num_requests, progress=progress), cost_model
+
+
+def replay(args: argparse.Namespace) -> int:
+    from sim.report import format_sim_summary, load_for_summary, parse_slo, sim_summary, write_plots
+
+    _check_flags(args)
+    slos = parse_slo(args.slo) if args.slo is not None else None
+    trace_dir = args.trace or default_trace_dir(Path(args.source))
+    seed = (args.seed or 0) if args.step_noise else None
+    result, cost_model = _simulate(args, trace_dir, seed, progress=not args.no_progress, announce=not args.json)
     trace = load_for_summary(trace_dir)
     summary = sim_summary(trace, slos)
+    warn = getattr(cost_model, "range_warning", lambda: None)()
+    if warn:
+        print(f"sim replay: warning: {' '.join(warn.split())}", file=sys.stderr)
+    if args.samples:
+        from sim.samples import sample_replays
+
+        summary["samples"] = sample_replays(args.samples, lambda s, d: _simulate(args, d, s), slos)
     if args.json:
         print(_json({"trace": args.trace, "steps": result.num_steps, "sim_time_s": result.sim_time,
                      "wall_time_s": result.wall_time, **summary}))
@@ -196,27 +223,64 @@ def replay(args: argparse.Namespace) -> int:
         print(f"cost model: {cost_model.name}; {result.num_steps} steps simulated in {result.wall_time:.2f} s "
               f"({result.num_steps / max(result.wall_time, 1e-9):.0f} steps/s)")
         print(format_sim_summary(summary))
+        if args.samples:
+            from sim.samples import format_samples
+
+            print(format_samples(summary["samples"]))
     if args.plots:
         paths = write_plots(trace, args.plots)
         if not args.json:
             print(f"plots: {', '.join(str(p) for p in paths)}")
-    if tmp is not None:
-        tmp.cleanup()
-    elif not args.json:
-        print(f"trace: {trace_dir}")
+    if not args.json:
+        print(f"trace: {trace_dir}  (tui {trace_dir})")
     return 130 if result.interrupted else 0
+
+
+def default_trace_dir(source: Path, now: float | None = None) -> str:
+    """`runs/<source name>-sim-<date-time>/`: a replay without --trace keeps its trace where the user finds it."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
+    base = Path("runs") / f"{source.stem if source.is_file() else source.name}-sim-{stamp}"
+    path, n = base, 1
+    while path.exists():
+        n += 1
+        path = base.with_name(f"{base.name}-{n}")
+    return str(path)
+
+
+def _simulated_model(name: str, source: Any, model: Any, hardware: str,
+                     cost: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+    """What the simulated run is a run of: a recorded replay is the traced engine's model and device, a
+    calibrated profile the model and device it was fitted on, a roofline the preset on the table's hardware."""
+    if name == "recorded":
+        return dict(source.model), None
+    fitted = cost.get("model") if isinstance(cost.get("model"), dict) else {}
+    if fitted.get("model"):
+        device = cost.get("device") or {}
+        return {**fitted, "source": "sim"}, device.get("name") or device.get("type")
+    if isinstance(model, str):
+        return {"model": model, "source": "sim"}, hardware
+    return {"model": source.model.get("model") or "hf_config", "source": "sim", "hf_config": model}, hardware
 
 
 def compare(args: argparse.Namespace) -> int:
     import traces
     from sim.compare import compare_traces, format_report
 
-    report = compare_traces(traces.load(args.trace_a), traces.load(args.trace_b))
+    a, b = traces.load(args.trace_a), traces.load(args.trace_b)
+    report = compare_traces(a, b)
     print(_json(report) if args.json else format_report(report))
+    if args.plots:
+        from sim.compare_plots import write_qq_plots
+
+        paths = write_qq_plots(a, b, args.plots)
+        if not args.json:
+            print(f"plots: {', '.join(str(p) for p in paths)}")
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
+    from traces.console import run_cli
+
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv and argv[0] == "calibrate":
         try:
@@ -224,11 +288,11 @@ def main(argv: list[str] | None = None) -> int:
         except ImportError as e:
             print(f"sim calibrate: error: not available in this build ({e})", file=sys.stderr)
             return 2
-        return main_calibrate(argv[1:])
+        return run_cli("sim calibrate", lambda: main_calibrate(argv[1:]))
     if argv and argv[0] == "plan":
         from sim.plan import main_plan
 
-        return main_plan(argv[1:])
+        return run_cli("sim plan", lambda: main_plan(argv[1:]))
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
@@ -243,17 +307,8 @@ def main(argv: list[str] | None = None) -> int:
     from workloads import WorkloadError
 
     try:
-        return replay(args) if args.command == "replay" else compare(args)
-    except (WorkloadError, TraceError, CostModelError, SimulationError, ValueError) as e:
-        print(f"sim {args.command}: error: {' '.join(str(e).split())}", file=sys.stderr)
-        return 2
-    except BrokenPipeError:
-        # The reader went away (`sim compare A B | head`): not an error of ours; keep exit-time flushes quiet.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
-    except OSError as e:
-        print(f"sim {args.command}: error: {e.filename or ''}: {e.strerror or e}", file=sys.stderr)
-        return 2
+        return run_cli(f"sim {args.command}", lambda: replay(args) if args.command == "replay" else compare(args),
+                       (WorkloadError, TraceError, CostModelError, SimulationError, ValueError))
     except KeyboardInterrupt:
         return 130
 

@@ -152,7 +152,7 @@ class Simulator:
             runner_output = execute(so, sched.requests)
             self.now = end = start + duration
             outputs = update(so, runner_output)
-            recorder.on_step(so, outputs, start, end, 0.0, duration, 0.0)
+            recorder.on_step(so, outputs, start, end, *getattr(cost, "last_phases", (0.0, duration, 0.0)))
             step += 1
             done = 0
             for out in outputs.outputs:

@@ -1,6 +1,6 @@
 """`sim plan`: capacity planning. Expands the sweep into configurations, has each one's max rate within
-the SLOs searched (sim.plan_search) on local processes or Ray (sim.sweep), and prints them ranked by
-cost per million output tokens; `--plots` draws the curves the search saw (sim.plan_plots).
+the SLOs searched (sim.plan_search) on local processes or Ray (sim.sweep), prints them ranked with a
+recommendation (sim.plan_table); `--plots` draws the curves the search saw and the Pareto front (sim.plan_plots).
 """
 from __future__ import annotations
 
@@ -11,43 +11,12 @@ from typing import Any
 
 from sim.plan_search import (DEFAULT_HARDWARE, DEFAULT_MAX_MODEL_LEN, DEFAULT_MODEL, PlanSpec, base_rate,
                              base_requests, evaluate_config, run_at_rate, search_max_rate, slo_check)
+from sim.plan_table import format_table, rank, recommend
 from sim.report import parse_slo
-from sim.sweep import config_key, config_label
+from sim.sweep import config_key
 
 __all__ = ["PlanSpec", "base_rate", "base_requests", "evaluate_config", "format_table", "main_plan", "rank",
-           "run_at_rate", "search_max_rate", "slo_check"]
-
-
-def rank(results: list[tuple[dict[str, Any], dict[str, Any]]],
-         prices: dict[str, float]) -> list[dict[str, Any]]:
-    """Rows sorted cheapest first (unpriced after priced, then by rate per replica); cost per million
-    output tokens = price/GPU-h x replicas / (rate x mean output tokens x 3600 s) x 1e6."""
-    rows = []
-    for config, res in results:
-        rate = res["max_rate"]
-        tok_s = rate * res.get("mean_output_tokens", 0.0)
-        price = prices.get(str(config["hardware"]).lower())
-        cost = price * config["replicas"] / (tok_s * 3600) * 1e6 if price is not None and tok_s > 0 else None
-        rows.append({"config": config, "max_rate": rate, "capped": res.get("capped", False),
-                     "goodput_req_s": rate * res.get("attainment", 0.0), "output_tok_s": tok_s,
-                     "usd_per_m_output_tokens": cost, "note": res.get("note")})
-    rows.sort(key=lambda r: (r["usd_per_m_output_tokens"] is None, r["usd_per_m_output_tokens"] or 0.0,
-                             -r["max_rate"] / r["config"]["replicas"], config_key(r["config"])))
-    return rows
-
-
-def format_table(rows: list[dict[str, Any]], swept: list[str]) -> str:
-    labels = [config_label(r["config"], swept) for r in rows]
-    width = max([len("configuration"), *map(len, labels)])
-    lines = [f"{'#':>3}  {'configuration':<{width}}  {'max rate':>10}  {'goodput':>10}  {'out tok/s':>10}  "
-             f"{'$/M out tok':>11}"]
-    for i, (row, label) in enumerate(zip(rows, labels), 1):
-        rate = (">=" if row["capped"] else "") + f"{row['max_rate']:.3f}"
-        cost = "n/a" if row["usd_per_m_output_tokens"] is None else f"{row['usd_per_m_output_tokens']:.3f}"
-        lines.append(f"{i:>3}  {label:<{width}}  {rate:>10}  {row['goodput_req_s']:>10.3f}  "
-                     f"{row['output_tok_s']:>10.1f}  {cost:>11}" + (f"  ({row['note']})" if row["note"] else ""))
-    lines.append("rates and goodput in requests/s; goodput = max rate x share of requests meeting every SLO")
-    return "\n".join(lines)
+           "recommend", "run_at_rate", "search_max_rate", "slo_check"]
 
 
 def _parser() -> Any:
@@ -74,6 +43,10 @@ def _parser() -> Any:
     p.add_argument("--results", default=None, metavar="FILE", help="JSON lines of finished configurations; resumes")
     p.add_argument("--plots", default=None, metavar="DIR", help="latency-vs-rate and cost-frontier PNGs")
     p.add_argument("--trace", default=None, metavar="DIR", help="cluster trace of the top configuration at its max rate")
+    p.add_argument("--samples", type=int, default=0, metavar="N", help="with --residuals: rerun each "
+                   "configuration's final search N times under seeded draws of measured step-time scatter")
+    p.add_argument("--residuals", default=None, metavar="PROFILE.json",
+                   help="calibration profile whose measured residuals --samples draws from")
     p.add_argument("--json", action="store_true", help="print the ranked rows as JSON")
     p.add_argument("--no-progress", action="store_true")
     _add_engine_flags(p)
@@ -119,13 +92,20 @@ def plan(args: Any) -> int:
         raise ValueError(f"--min-served-ratio: must be in [0, 1], got {args.min_served_ratio}")
     if args.length_scale is not None and not args.length_scale > 0:
         raise ValueError(f"--length-scale: must be > 0, got {args.length_scale}")
+    if args.samples < 0 or (args.samples and not args.residuals):
+        raise ValueError("--samples: needs N >= 1 and --residuals PROFILE.json (the measured scatter to draw from)")
+    if args.residuals:
+        from sim.plan_search import residual_table
+
+        residual_table(os.path.abspath(args.residuals))
     prices = parse_price(args.price) if args.price else {}
     configs, swept = _configs(args)
     for config in configs:
         validate_config(config)
     spec = PlanSpec(os.path.abspath(args.workload), args.slo, args.rate_tol, args.max_requests, args.length_scale,
-                    args.vocab_size, args.seed or 0, min_served_ratio=args.min_served_ratio)
-    base_requests(spec.workload, spec.max_requests, spec.length_scale, spec.vocab_size)
+                    args.vocab_size, args.seed or 0, min_served_ratio=args.min_served_ratio, samples=args.samples,
+                    residual_profile=os.path.abspath(args.residuals) if args.residuals else None)
+    offered_rate = base_rate(base_requests(spec.workload, spec.max_requests, spec.length_scale, spec.vocab_size))
     plan_id = spec.fingerprint()
     done = load_results(args.results, plan_id) if args.results else {}
     results = {config_key(c): done[config_key(c)] for c in configs if config_key(c) in done}
@@ -149,12 +129,17 @@ def plan(args: Any) -> int:
         print(json.dumps(rows, default=str))
     else:
         print(format_table(rows, swept))
+        print(recommend(rows, offered_rate, swept))
         resumed = f" ({len(configs) - len(todo)} from {args.results})" if len(todo) < len(configs) else ""
         print(f"{len(configs)} configurations{resumed}; SLOs: {', '.join(s.label for s in slos)}")
     if args.plots:
         from sim.plan_plots import write_plan_plots
 
-        paths = write_plan_plots(rows, results, slos, swept, args.plots)
+        models = sorted({str(c["model"]) for c in configs})
+        hardware = sorted({str(c["hardware"]) for c in configs})
+        title = (f"{os.path.basename(args.workload)} · {','.join(models)} on {','.join(hardware)} · roofline · "
+                 f"SLOs {', '.join(s.label for s in slos)}")
+        paths = write_plan_plots(rows, results, slos, swept, args.plots, title)
         if not args.json:
             print(f"plots: {', '.join(map(str, paths))}")
     if args.trace and rows and rows[0]["max_rate"] > 0:

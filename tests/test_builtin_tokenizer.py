@@ -1,9 +1,9 @@
 import pytest
-from transformers import AutoConfig
 
 from engine.builtin import BUILTIN_DIR
-from engine.builtin.build_tokenizer import EOS_TOKEN, build
+from engine.config import EngineArgs
 from engine.tokenizer import get_tokenizer
+from tools.build_tokenizer import EOS_TOKEN, build
 
 TEXTS = [
     "The scheduler admitted 3 requests at 09:45; each used 16-token blocks.",
@@ -44,7 +44,7 @@ def test_eos_and_chat_tokens_resolve(tokenizer):
 
 
 def test_config_loads_and_matches_tokenizer(tokenizer):
-    config = AutoConfig.from_pretrained(BUILTIN_DIR, local_files_only=True)
+    config = EngineArgs(device="cpu").create_engine_config().model_config.hf_config
     assert config.model_type == "qwen3" and config.architectures == ["Qwen3ForCausalLM"]
     assert config.vocab_size == len(tokenizer)
     assert config.eos_token_id == config.bos_token_id == tokenizer.eos_token_id

@@ -53,8 +53,10 @@ def test_prepare_model_span_parents_its_phases():
 
 def test_request_span_uses_genai_semantic_convention_names():
     spans, exporter = _in_memory_spans()
-    r = Request("q1", [1, 2, 3], SamplingParams(max_tokens=4, temperature=0.5, top_p=0.9), arrival_time=10.0)
+    params = SamplingParams(max_tokens=4, temperature=0.5, top_p=0.9, top_k=20, seed=3, stop=["\n\n"])
+    r = Request("q1", [1, 2, 3], params, arrival_time=10.0)
     r.first_scheduled_time, r.first_token_time, r.finished_time = 10.5, 11.0, 12.0
+    r.num_cached_tokens = 2
     r.append_output_token_ids(5)
     r.append_output_token_ids(6)
     spans.request(r)
@@ -64,7 +66,10 @@ def test_request_span_uses_genai_semantic_convention_names():
     assert span.name == "text_completion tiny"
     assert a["gen_ai.operation.name"] == "text_completion" and a["gen_ai.request.model"] == "tiny"
     assert a["gen_ai.request.max_tokens"] == 4 and a["gen_ai.request.temperature"] == 0.5
-    assert a["gen_ai.request.top_p"] == 0.9
+    assert a["gen_ai.provider.name"] == "stepscope"
+    assert a["gen_ai.request.top_p"] == 0.9 and a["gen_ai.request.top_k"] == 20
+    assert a["gen_ai.request.seed"] == 3 and a["gen_ai.request.stop_sequences"] == ("\n\n",)
+    assert a["gen_ai.usage.cache_read.input_tokens"] == 2
     assert a["gen_ai.usage.input_tokens"] == 3 and a["gen_ai.usage.output_tokens"] == 2
     assert a["gen_ai.latency.time_in_queue"] == 0.5 and a["gen_ai.latency.time_to_first_token"] == 1.0
     assert a["gen_ai.latency.e2e"] == 2.0

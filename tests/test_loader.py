@@ -13,6 +13,7 @@ from engine.model_executor.loader import (
     kv_bytes_per_block,
     kv_cache_spec,
     load_model,
+    safetensors_files,
 )
 from engine.model_executor.models import get_model_class
 from engine.model_executor.presets import PRESETS, get_preset, hf_config_from_dict
@@ -140,3 +141,42 @@ def test_kv_bytes_per_block_counts_k_and_v_over_all_layers():
     assert (spec.num_layers, spec.num_kv_heads, spec.head_size) == (32, 8, 128)
     assert kv_bytes_per_block(spec, 16, torch.bfloat16) == 2 * 32 * 16 * 8 * 128 * 2
     assert kv_bytes_per_block(spec, 32, torch.float32) == 4 * kv_bytes_per_block(spec, 16, torch.bfloat16)
+
+
+def _index_naming(tmp_path, shard: str) -> None:
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"lm_head.weight": shard}}))
+
+
+@pytest.mark.parametrize("shard,why", [("/etc/passwd", "absolute path"), ("../outside.safetensors", "'..'"),
+                                       ("sub/../../outside.safetensors", "'..'")])
+def test_shard_outside_the_model_directory_is_refused_naming_index_and_shard(tmp_path, shard, why):
+    _index_naming(tmp_path, shard)
+    with pytest.raises(ValueError, match="model.safetensors.index.json: shard") as err:
+        safetensors_files(tmp_path)
+    assert repr(shard) in str(err.value) and why in str(err.value)
+
+
+def test_shard_symlink_escaping_the_model_directory_is_refused(tmp_path):
+    model_dir, outside = tmp_path / "model", tmp_path / "elsewhere.safetensors"
+    model_dir.mkdir()
+    save_file({"x": torch.zeros(1)}, outside)
+    (model_dir / "model-00001.safetensors").symlink_to(outside)
+    _index_naming(model_dir, "model-00001.safetensors")
+    with pytest.raises(ValueError, match="shard 'model-00001.safetensors' is a symlink to .*outside the model"):
+        safetensors_files(model_dir)
+
+
+def test_shard_symlink_into_the_hugging_face_cache_blobs_is_accepted(tmp_path):
+    snapshot, blobs = tmp_path / "snapshots" / "abc123", tmp_path / "blobs"
+    snapshot.mkdir(parents=True)
+    blobs.mkdir()
+    save_file({"x": torch.zeros(1)}, blobs / "f00d")
+    (snapshot / "model-00001.safetensors").symlink_to("../../blobs/f00d")
+    _index_naming(snapshot, "model-00001.safetensors")
+    assert safetensors_files(snapshot) == [snapshot / "model-00001.safetensors"]
+
+
+def test_index_without_weight_map_is_one_clear_error(tmp_path):
+    (tmp_path / "model.safetensors.index.json").write_text("[]")
+    with pytest.raises(ValueError, match="index.json: needs a 'weight_map' object"):
+        safetensors_files(tmp_path)

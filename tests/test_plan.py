@@ -6,7 +6,8 @@ import pytest
 
 from sim import plan as plan_mod
 from sim.cli import main
-from sim.plan import PlanSpec, evaluate_config, rank, run_at_rate, search_max_rate, slo_check
+from sim.plan import PlanSpec, evaluate_config, format_table, rank, recommend, run_at_rate, search_max_rate, slo_check
+from sim.plan_plots import pareto_front
 from sim.report import parse_slo
 from sim.sweep import parse_price, parse_sweep
 from workloads import DEFAULT_WORKLOAD
@@ -85,8 +86,10 @@ def test_bad_workload_is_one_line_and_exit_2(tmp_path, capsys):
 def test_local_processes_give_the_same_table_as_one_process(tmp_path, capsys):
     inline = _table(capsys, [*PLAN_ARGS, "--jobs", "1", "--plots", str(tmp_path)])
     parallel = _table(capsys, [*PLAN_ARGS, "--jobs", "2"])
-    assert inline == parallel and inline.count("replicas=") == 4
-    assert (tmp_path / "latency_vs_rate.png").stat().st_size > 0 and (tmp_path / "cost_frontier.png").is_file()
+    rows = [line for line in inline.splitlines() if line[:3].strip().isdigit()]
+    assert inline == parallel and len(rows) == 4
+    for name in ("latency_vs_rate.png", "cost_frontier.png", "pareto.png"):
+        assert (tmp_path / name).stat().st_size > 0
 
 
 def test_ray_gives_the_same_table_as_local_processes(capsys):
@@ -114,3 +117,47 @@ def test_resume_runs_only_the_missing_configurations(tmp_path, capsys, monkeypat
     done_before = {json.loads(line)["key"] for line in lines[:2]}
     assert len(ran) == 2 and not {json.dumps(c, sort_keys=True) for c in ran} & done_before
     assert resumed.split("\n")[:-1] == expected.split("\n")[:-1]  # the last line says where results came from
+
+
+def _result(rate: float, user_tok_s: float = 50.0) -> dict:
+    return {"max_rate": rate, "mean_output_tokens": 100.0, "attainment": 1.0, "user_tok_s": user_tok_s,
+            "slo_measured": {"ttft_p99<=500ms": 0.4}, "points": [{"rate": rate}]}
+
+
+def test_recommendation_is_the_cheapest_configuration_meeting_the_offered_rate():
+    rows = rank([({**CONFIG, "replicas": 1}, _result(0.8)), ({**CONFIG, "replicas": 2}, _result(1.6)),
+                 ({**CONFIG, "replicas": 3}, _result(2.4))], {"h100": 2.0})
+    line = recommend(rows, offered_rate=1.0, swept=["replicas"])
+    assert line.startswith("recommendation: replicas=2 ") and "$4.00/h" in line
+
+
+def test_recommendation_without_prices_is_the_best_rate_per_replica():
+    rows = rank([({**CONFIG, "replicas": 1}, _result(0.5)), ({**CONFIG, "replicas": 2}, _result(1.8)),
+                 ({**CONFIG, "replicas": 4}, _result(3.0))], {})
+    assert recommend(rows, offered_rate=1.0, swept=["replicas"]).startswith("recommendation: replicas=2 ")
+
+
+def test_recommendation_says_when_nothing_meets_the_offered_rate():
+    rows = rank([({**CONFIG, "replicas": 1}, _result(0.5))], {})
+    assert "none meets every SLO at the offered 1.000 req/s" in recommend(rows, 1.0, ["replicas"])
+
+
+def test_configurations_with_identical_results_are_marked():
+    rows = rank([({**CONFIG, "max_num_seqs": 64}, _result(1.0)), ({**CONFIG, "max_num_seqs": 256}, _result(1.0)),
+                 ({**CONFIG, "max_num_seqs": 16}, _result(0.7))], {})
+    table = format_table(rows, ["max_num_seqs"])
+    assert [r["same_as"] for r in rows] == [None, 1, None]
+    assert table.count("(same results as #1)") == 1
+
+
+def test_table_says_how_rows_are_ranked_and_shows_cost_only_when_priced():
+    unpriced = format_table(rank([(CONFIG, _result(1.0))], {}), ["replicas"])
+    priced = format_table(rank([(CONFIG, _result(1.0))], {"h100": 2.0}), ["replicas"])
+    assert "ranked by max rate per replica" in unpriced and "$/M" not in unpriced
+    assert "ranked by $ per million output tokens" in priced and "$/M out tok" in priced
+    assert "goodput" not in priced  # at the max rate it repeats the max rate
+
+
+def test_pareto_front_keeps_only_undominated_points():
+    points = [(10.0, 100.0), (20.0, 80.0), (15.0, 70.0), (30.0, 40.0), (5.0, 90.0)]
+    assert pareto_front(points) == [0, 1, 3]

@@ -41,6 +41,39 @@ def test_lazy_llm_attribute_needs_torch_only_when_touched():
     assert res.stdout.startswith("lazy")
 
 
-def test_other_torch_free_packages_import_without_torch():
-    res = _run("import sim, traces, tui; print('ok')")
+def test_every_module_of_the_torch_free_packages_imports_without_torch():
+    code = (
+        "import importlib, pkgutil\n"
+        "import engine.core, sim, traces, tui\n"
+        "names = []\n"
+        "for pkg in (engine.core, sim, traces, tui):\n"
+        "    for m in pkgutil.walk_packages(pkg.__path__, pkg.__name__ + '.'):\n"
+        "        if not m.name.endswith('__main__'):\n"
+        "            importlib.import_module(m.name); names.append(m.name)\n"
+        "print(len(names), 'sim.loop' in names, 'sim.cli' in names, 'tui.app' in names, 'traces.reader' in names)\n"
+    )
+    res = _run(code)
     assert res.returncode == 0, res.stderr
+    count, *found = res.stdout.split()
+    assert int(count) > 30 and found == ["True"] * 4
+
+
+def test_engine_core_imports_nothing_from_the_engine_runtime():
+    code = (
+        "import importlib, pkgutil, sys\n"
+        "import engine.core\n"
+        "for m in pkgutil.walk_packages(engine.core.__path__, 'engine.core.'):\n"
+        "    importlib.import_module(m.name)\n"
+        "print(sorted(n for n in sys.modules if n.startswith('engine.') and not n.startswith('engine.core')))\n"
+    )
+    res = _run(code)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "[]"
+
+
+def test_model_shapes_and_roofline_import_without_torch():
+    res = _run("from engine.core.model_shapes import MODEL_CONFIGS\n"
+               "from sim.cost_models.roofline import model_shape\n"
+               "print(model_shape('llama-3.1-8b').max_positions, 'torch' in sys.modules)")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == ["131072", "False"]

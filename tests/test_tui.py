@@ -270,7 +270,8 @@ def test_a_run_compared_with_itself_never_diverges(dirs, run_a):
 
 def test_b_shows_the_other_run(dirs, run_a):
     def check(app):
-        assert app.current.label == "B" and "B: sim run_b" in static_text(app, "title")
+        title = static_text(app, "title")
+        assert app.current.label == "B" and "B: sim · " in title and "run_b" in title
     drive(StepscopeApp(run_a, RunIndex(open_trace(dirs["b"]), "B")), ["b"], check=check)
 
 
@@ -280,6 +281,16 @@ def test_help_screen_lists_every_binding(run_a):
         text = str(app.screen.query_one("#help-text").render())
         missing = [b.description for b in StepscopeApp.BINDINGS if b.description not in text]
         assert not missing
+    drive(StepscopeApp(run_a), ["question_mark"], check=check)
+
+
+def test_help_screen_keeps_keys_and_descriptions_apart_and_names_no_source_file(run_a):
+    def check(app):
+        text = str(app.screen.query_one("#help-text").render())
+        assert ".py" not in text
+        for line in text.splitlines():
+            if line.startswith("  ") and line.strip():
+                assert "   " in line.strip(), f"key and description run together: {line!r}"
     drive(StepscopeApp(run_a), ["question_mark"], check=check)
 
 

@@ -7,10 +7,12 @@ and then whole, length-prefixed batches, so a run killed mid-write leaves every 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from itertools import chain
 from pathlib import Path
 from typing import Any
+
+from traces.schema import TEMP_SUFFIX
 
 # Row groups of at most this many rows: a compacted table is read column by column, and a few large
 # groups compress better than one per flush.
@@ -72,10 +74,11 @@ def iter_batches(path: Path) -> tuple[Any, Iterator[Any], list[bool]]:
     return reader.schema, batches(), truncated
 
 
-def read_arrow_stream(path: Path, columns: tuple[str, ...]) -> tuple[Any, bool]:
+def read_arrow_stream(path: Path, columns: tuple[str, ...], arrow_lists: bool = False,
+                      only: Sequence[str] | None = None, categories: Sequence[str] = ()) -> tuple[Any, bool]:
     """A stream as a pandas DataFrame with the schema's columns first, and whether its end was cut;
     an empty file (the schema goes out with the first batch) is an empty table, one cut inside its
-    schema an empty table cut short."""
+    schema an empty table cut short. `arrow_lists`, `only` and `categories` as in `traces.load`."""
     import pandas as pd
     import pyarrow as pa
 
@@ -85,9 +88,16 @@ def read_arrow_stream(path: Path, columns: tuple[str, ...]) -> tuple[Any, bool]:
         schema, batches, truncated = iter_batches(path)
     except (pa.ArrowInvalid, OSError):
         return pd.DataFrame(columns=list(columns)), True
-    df = pa.Table.from_batches(list(batches), schema=schema).to_pandas()
-    extra = [c for c in df.columns if c not in columns]
-    return df.reindex(columns=[*columns, *extra]), truncated[0]
+    tbl = pa.Table.from_batches(list(batches), schema=schema)
+    names = [*columns, *(c for c in tbl.column_names if c not in columns)]
+    if only is not None:
+        names = [c for c in names if c in set(only)]
+    tbl = tbl.select(names)
+    for c in categories:
+        if c in names:
+            tbl = tbl.set_column(names.index(c), c, tbl[c].dictionary_encode())
+    lists = (lambda ty: pd.ArrowDtype(ty) if pa.types.is_list(ty) else None) if arrow_lists else None
+    return tbl.to_pandas(types_mapper=lists), truncated[0]
 
 
 def arrow_stream_to_parquet(src: Path, dst: Path) -> None:
@@ -97,7 +107,7 @@ def arrow_stream_to_parquet(src: Path, dst: Path) -> None:
     import pyarrow.parquet as pq
 
     schema, batches, _ = iter_batches(src)
-    tmp = dst.with_name(dst.name + ".tmp")
+    tmp = dst.with_name(f"{dst.name}.{os.getpid()}{TEMP_SUFFIX}")
     with pq.ParquetWriter(tmp, schema) as out:
         group: list[Any] = []
         rows = 0

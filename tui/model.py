@@ -14,6 +14,7 @@ import pyarrow as pa
 
 from traces import Trace
 from traces.blocks import BlockInfo, BlockPoolIndex
+from traces.describe import describe_run
 from tui.queues import QueueIndex
 
 
@@ -99,7 +100,7 @@ class RunIndex:
 
     @property
     def name(self) -> str:
-        return f"{self.label}: {self.source} {self.trace.path.name}"
+        return f"{self.label}: {describe_run(self.meta)} · {self.trace.path.name}"
 
     @cached_property
     def summary(self) -> dict[str, Any]:

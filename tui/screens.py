@@ -23,17 +23,20 @@ WIDGET_KEYS = [
 
 def help_text(bindings: list[Binding], display: Callable[[Binding], str]) -> Text:
     """Every binding's keys (as `display` shows them) and description, then the widgets' own keys."""
+    rows = [(" / ".join(display(Binding(k.strip(), b.action)) for k in b.key.split(",")), b.description)
+            for b in bindings]
+    width = max(len(keys) for keys, _ in rows + WIDGET_KEYS) + 3
     t = Text()
     t.append("stepscope tui: keys\n\n", "bold underline")
-    for b in bindings:
-        keys = " / ".join(display(Binding(k.strip(), b.action)) for k in b.key.split(","))
-        t.append(f"  {keys:<28}", "bold cyan")
-        t.append(f"{b.description}\n")
+    for keys, what in rows:
+        t.append(f"  {keys:<{width}}", "bold cyan")
+        t.append(f"{what}\n")
     t.append("\nIn tables and the block map\n\n", "bold underline")
     for keys, what in WIDGET_KEYS:
-        t.append(f"  {keys:<28}", "bold cyan")
+        t.append(f"  {keys:<{width}}", "bold cyan")
         t.append(f"{what}\n")
-    t.append("\nQueues are derived from the decisions: see tui/queues.py. Escape, q or ? closes this.", "dim")
+    t.append("\nThe running and waiting queues are rebuilt from each step's decisions (arrivals, admissions, "
+             "preemptions, finishes). Escape, q or ? closes this.", "dim")
     return t
 
 

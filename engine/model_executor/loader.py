@@ -86,16 +86,53 @@ def safetensors_files(model_dir: str | Path | None) -> list[Path]:
         raise FileNotFoundError(f"model directory {str(root)!r} does not exist")
     index = root / "model.safetensors.index.json"
     if index.is_file():
-        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        files = [root / name for name in shards]
+        files = [_shard_path(root, index, name) for name in sorted(set(_weight_map(index).values()), key=str)]
         missing = [str(f) for f in files if not f.is_file()]
         if missing:
             raise FileNotFoundError(f"{index} lists shards that are missing: {', '.join(missing)}")
         return files
     single = root / "model.safetensors"
     if single.is_file():
+        _check_inside(root, single, f"{single}: resolves to {single.resolve()}")
         return [single]
     raise FileNotFoundError(f"no model.safetensors or model.safetensors.index.json in {str(root)!r}")
+
+
+def _weight_map(index: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(index.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{index}: not a JSON file ({e})") from None
+    weight_map = data.get("weight_map") if isinstance(data, dict) else None
+    if not isinstance(weight_map, dict):
+        raise ValueError(f"{index}: needs a 'weight_map' object of tensor name -> shard file name")
+    return weight_map
+
+
+def _shard_path(root: Path, index: Path, name: Any) -> Path:
+    """A shard named by the index must be a file of the model directory: a name from outside must not
+    make the loader open arbitrary files."""
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"{index}: shard {name!r} is not a file name")
+    rel = Path(name)
+    if rel.is_absolute():
+        raise ValueError(f"{index}: shard {name!r} is an absolute path; shards must lie inside {root}")
+    if ".." in rel.parts:
+        raise ValueError(f"{index}: shard {name!r} climbs out of the model directory with '..'")
+    path = root / rel
+    _check_inside(root, path, f"{index}: shard {name!r} is a symlink to {path.resolve()}")
+    return path
+
+
+def _check_inside(root: Path, path: Path, what: str) -> None:
+    """Symlinks may point within the model directory, or (a Hugging Face cache snapshot,
+    snapshots/<rev>/ -> ../../blobs/) into the same repository's blobs; nowhere else."""
+    real = path.resolve()
+    allowed = [root.resolve()]
+    if root.resolve().parent.name == "snapshots":
+        allowed.append(root.resolve().parent.parent / "blobs")
+    if not any(real.is_relative_to(a) for a in allowed):
+        raise ValueError(f"{what}, outside the model directory {root}")
 
 
 def iter_safetensors(files: Iterable[Path]) -> Iterator[tuple[str, torch.Tensor]]:

@@ -8,23 +8,11 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from engine.core.model_shapes import MODEL_CONFIGS
 from sim.batch import StepBatch
 from sim.cost_models.hardware import CALIBRATION_ONLY, Hardware, get_hardware, hardware_names
 
-BUILTIN_CONFIG = Path(__file__).resolve().parents[2] / "engine" / "builtin" / "config.json"
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float8": 1}
-# Shapes of the engine's named presets (only the fields a cost model needs).
-MODEL_SHAPES: dict[str, dict[str, Any]] = {
-    "qwen3-0.6b": {"model_type": "qwen3", "hidden_size": 1024, "num_hidden_layers": 28, "num_attention_heads": 16,
-                   "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 3072, "vocab_size": 151936,
-                   "tie_word_embeddings": True},
-    "llama-3.1-8b": {"model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
-                     "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 14336, "vocab_size": 128256,
-                     "tie_word_embeddings": False},
-    "qwen2.5-7b": {"model_type": "qwen2", "hidden_size": 3584, "num_hidden_layers": 28, "num_attention_heads": 28,
-                   "num_key_value_heads": 4, "intermediate_size": 18944, "vocab_size": 152064,
-                   "tie_word_embeddings": False},
-}
 # What a CUDA process holds besides weights, KV cache and activations (context, allocator slack).
 RUNTIME_RESERVE_BYTES = 512 << 20
 # The engine's KV cache size on CPU when nothing else says (its --kv-cache-memory default).
@@ -139,16 +127,17 @@ class ModelShape:
 
 
 def model_shape(model: str | dict[str, Any] | Path, dtype: str = "bfloat16") -> ModelShape:
-    """A preset name, "builtin", a checkpoint directory (its config.json) or an HF config dict."""
+    """A preset name or "builtin" (the engine's own shapes), a checkpoint directory (its config.json) or
+    an HF config dict."""
     if isinstance(model, dict):
         return ModelShape.from_config(model, model.get("_name_or_path") or model.get("model_type") or "custom", dtype)
     key = str(model)
-    if key.lower() in MODEL_SHAPES:
-        return ModelShape.from_config(MODEL_SHAPES[key.lower()], key.lower(), dtype)
-    path = BUILTIN_CONFIG if key == "builtin" else Path(key) / "config.json"
+    if key.lower() in MODEL_CONFIGS:
+        return ModelShape.from_config(MODEL_CONFIGS[key.lower()], key.lower(), dtype)
+    path = Path(key) / "config.json"
     if path.is_file():
         return ModelShape.from_config(json.loads(path.read_text()), key, dtype)
-    valid = ", ".join(["builtin", *sorted(MODEL_SHAPES)])
+    valid = ", ".join(sorted(MODEL_CONFIGS))
     raise ValueError(f"unknown model {key!r}; valid: {valid}, a checkpoint directory or an HF config dict")
 
 

@@ -2,7 +2,7 @@
 
 Byte-level BPE means every UTF-8 byte has a token, so any text (Chinese, emoji) round-trips exactly.
 Training is deterministic, so rerunning this gives a byte-identical tokenizer.json.
-Run: python -m engine.builtin.build_tokenizer [out_dir]
+A build-time tool, not part of the runtime package. Run: python tools/build_tokenizer.py [out_dir]
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers,
 VOCAB_SIZE = 4096
 EOS_TOKEN = "<|endoftext|>"
 SPECIAL_TOKENS = [EOS_TOKEN, "<|im_start|>", "<|im_end|>"]
-HERE = Path(__file__).resolve().parent
+BUILTIN = Path(__file__).resolve().parents[1] / "engine" / "builtin"
 CHAT_TEMPLATE = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] "
     "+ '<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
@@ -63,7 +63,7 @@ def _write_json(path: Path, obj: dict) -> None:
     path.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
-def build(out_dir: Path = HERE, corpus: Path = HERE / "corpus.txt") -> Tokenizer:
+def build(out_dir: Path = BUILTIN, corpus: Path = BUILTIN / "corpus.txt") -> Tokenizer:
     """Write tokenizer.json, tokenizer_config.json and special_tokens_map.json into out_dir."""
     out_dir.mkdir(parents=True, exist_ok=True)
     tok = train_tokenizer(corpus)
@@ -77,6 +77,6 @@ def build(out_dir: Path = HERE, corpus: Path = HERE / "corpus.txt") -> Tokenizer
 
 
 if __name__ == "__main__":
-    target = Path(sys.argv[1]) if len(sys.argv) > 1 else HERE
+    target = Path(sys.argv[1]) if len(sys.argv) > 1 else BUILTIN
     built = build(target)
     print(f"wrote {target} (vocab {built.get_vocab_size()}, eos id {built.token_to_id(EOS_TOKEN)})")

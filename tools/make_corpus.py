@@ -2,7 +2,7 @@
 
 The text is assembled from hand-written word lists and templates with a fixed seed, so it is free of
 third-party prose yet mixes narrative, explanations, dialogue, numbers, code, Chinese and emoji: enough
-variety for merges that cover what a demo prompt contains. Run: python -m engine.builtin.make_corpus
+variety for merges that cover what a demo prompt contains. A build-time tool. Run: python tools/make_corpus.py
 """
 from __future__ import annotations
 
@@ -295,6 +295,6 @@ def make_corpus(seed: int = 1234, target_bytes: int = 290_000) -> str:
 
 
 if __name__ == "__main__":
-    out = Path(__file__).with_name("corpus.txt")
+    out = Path(__file__).resolve().parents[1] / "engine" / "builtin" / "corpus.txt"
     out.write_text(make_corpus(), encoding="utf-8")
     print(f"wrote {out} ({out.stat().st_size} bytes)")

@@ -1,0 +1,48 @@
+"""Start-up refuses a context the model cannot address, unless the model config is overridden as in vLLM."""
+import pytest
+
+from engine import LLM, SamplingParams
+from engine.cli import main
+from engine.config import EngineArgs
+
+
+def test_max_model_len_beyond_max_position_embeddings_is_refused_naming_both():
+    with pytest.raises(ValueError, match=r"max_model_len: 8192 .* max_position_embeddings=4096"):
+        EngineArgs(device="cpu", max_model_len=8192).create_engine_config()
+
+
+def test_hf_overrides_raise_the_position_limit():
+    config = EngineArgs(device="cpu", max_model_len=8192,
+                        hf_overrides={"max_position_embeddings": 8192}).create_engine_config()
+    assert config.model_config.max_model_len == 8192
+    assert config.model_config.hf_config.max_position_embeddings == 8192
+
+
+def test_hf_overrides_lowering_the_limit_refuse_a_longer_context():
+    with pytest.raises(ValueError, match=r"max_model_len: 64 .* max_position_embeddings=48"):
+        LLM(device="cpu", max_model_len=64, hf_overrides={"max_position_embeddings": 48})
+
+
+def test_hf_overrides_given_as_json_text_are_parsed():
+    config = EngineArgs(device="cpu", hf_overrides='{"max_position_embeddings": 64}').create_engine_config()
+    assert config.model_config.max_model_len == 64
+
+
+def test_context_filling_the_overridden_position_table_runs():
+    llm = LLM(device="cpu", kv_cache_memory=8 << 20, max_model_len=64, hf_overrides={"max_position_embeddings": 64})
+    out = llm.generate({"prompt_token_ids": list(range(10, 70))},
+                       SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True), use_tqdm=False)[0]
+    assert out.outputs[0].finish_reason == "length" and len(out.outputs[0].token_ids) == 4
+
+
+def test_cli_max_model_len_too_long_is_one_line_exit_2(capsys):
+    assert main(["generate", "--device", "cpu", "--max-model-len", "8192", "hi"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "8192" in err and "4096" in err
+
+
+@pytest.mark.parametrize("text,what", [("{bad", "not valid JSON"), ("[1]", "must be a JSON object")])
+def test_cli_bad_hf_overrides_is_one_line_exit_2(capsys, text, what):
+    assert main(["generate", "--device", "cpu", "--hf-overrides", text, "hi"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.startswith("engine generate: error: hf_overrides:") and what in err

@@ -1,0 +1,1 @@
+"""Build-time tools (the built-in tokenizer and its corpus); not installed with the package."""
