@@ -82,6 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--plots", default=None, metavar="DIR", help="write latency CDF / throughput / queue / KV PNGs")
     r.add_argument("--json", action="store_true", help="print the summary as JSON")
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
+    r.add_argument("--trace-level", default="full", help="full: every table | steps: steps and requests, no "
+                   "decisions or block events | none: requests only (metrics without ITL or KV usage)")
     _add_engine_flags(r)
     _add_scheduler_mode_flags(r)
     c = sub.add_parser("compare", help="fidelity report of trace B against trace A")
@@ -171,6 +173,10 @@ def _check_flags(args: argparse.Namespace) -> None:
                              ("--vocab-size", args.vocab_size, 4)):
         if value is not None and value < low:
             raise ValueError(f"{flag}: must be >= {low}, got {value}")
+    from traces.recorder import TRACE_LEVELS
+
+    if args.trace_level not in TRACE_LEVELS:
+        raise ValueError(f"--trace-level: must be one of {', '.join(TRACE_LEVELS)}, got {args.trace_level!r}")
     if not Path(args.source).exists():
         raise ValueError(f"{args.source}: no such workload file or trace directory")
 
@@ -204,6 +210,7 @@ def _simulate(args: argparse.Namespace, trace_dir: str, residual_seed: int | Non
         print(describe_replay(source.path, source.num_requests, meta, cost_model.describe(), sched, cache))
     sim = Simulator(sched, cache, cost_model, trace_dir, meta, seed=args.seed or 0, vocab_size=args.vocab_size,
                     follow_recorded=exact)
+    sim.recorder.set_trace_level(args.trace_level)
     return sim.run(source.requests, source.external_finishes, source.num_requests, progress=progress), cost_model
 
 
