@@ -70,12 +70,10 @@ def workload_source(path: Path, vocab_size: int, limit: int | None = None, time_
     from workloads import load_workload
 
     workload = load_workload(path)
-    spec = workload.spec
-    counts = [c for c in (spec.num_requests, limit) if c is not None]
     stream = (SimRequest(r.request_id, r.arrival, r.prompt_token_ids, r.max_tokens, r.arrival)
               for r in workload.requests(vocab_size=vocab_size, limit=limit, time_scale=time_scale))
     meta = {**workload.to_dict(), "time_scale": time_scale, "max_requests": limit, "vocab_size": vocab_size}
-    return Source("workload", path, stream, min(counts) if counts else None, meta)
+    return Source("workload", path, stream, workload.count(limit), meta)
 
 
 def _natural(rid: str) -> tuple:
