@@ -97,6 +97,16 @@ def _clean(v: Any) -> Any:
     return None if isinstance(v, float) and v != v else v
 
 
+def metric_label(name: str) -> tuple[str, float, str]:
+    """A summary key as printed, with the scale and unit its values are printed in: `ttft_p50_s` is
+    `ttft p50` in ms, `output_throughput_tok_s` is `output throughput` in tok/s."""
+    for suffix, unit in (("_tok_s", "tok/s"), ("_req_s", "req/s")):
+        if name.endswith(suffix):
+            return name.removesuffix(suffix).replace("_", " "), 1.0, unit
+    base = name.removesuffix("_s").replace("_", " ")
+    return (base, 1e3, "ms") if name.split("_")[0] in ("ttft", "tpot", "e2e", "itl", "queue") else (base, 1.0, "s")
+
+
 def format_report(r: dict[str, Any]) -> str:
     lines = [f"A: {r['a']} ({r['steps_a']} steps, {r['requests_a']} requests)",
              f"B: {r['b']} ({r['steps_b']} steps, {r['requests_b']} requests)",
@@ -108,13 +118,13 @@ def format_report(r: dict[str, Any]) -> str:
         lines.append(f"first divergent step: {r['first_divergent_step']}")
         for d in r["divergence"]:
             lines.append(f"  {d['request_id']}: " + "; ".join(d["differences"] or ["rows differ"]))
-    lines.append("metric                     A            B       rel.err")
+    lines.append(f"{'metric':<24} {'A':>13} {'B':>13} {'rel.err':>9}")
     for name, m in r["metrics"].items():
-        scale, unit = (1e3, "ms") if name.split("_")[0] in ("ttft", "tpot", "e2e") else (1.0, "")
-        fa = "n/a" if m["a"] is None else f"{m['a'] * scale:.2f}{unit}"
-        fb = "n/a" if m["b"] is None else f"{m['b'] * scale:.2f}{unit}"
+        label, scale, unit = metric_label(name)
+        fa = "n/a" if m["a"] is None else f"{m['a'] * scale:.2f} {unit}"
+        fb = "n/a" if m["b"] is None else f"{m['b'] * scale:.2f} {unit}"
         err = "n/a" if m["rel_error"] is None else f"{m['rel_error'] * 100:+.2f}%"
-        lines.append(f"{name:<24} {fa:>10} {fb:>12} {err:>12}")
+        lines.append(f"{label:<24} {fa:>13} {fb:>13} {err:>9}")
     mape = r["step_time_mape"]
     lines.append(f"step time MAPE: {'n/a' if mape is None else f'{mape * 100:.2f}%'} over {r['steps_aligned']} "
                  "steps aligned by index")
