@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable
 
 from engine.core.block_pool import KVCacheBlock
 from engine.core.config import CacheConfig, SchedulerConfig
-from engine.core.kv_cache_manager import KVCacheManager
+from engine.core.kv_cache_manager import _NO_BLOCKS, KVCacheManager
 from engine.core.outputs import EngineCoreOutput, EngineCoreOutputs, ModelRunnerOutput, SchedulerStats
 from engine.core.request import Request, RequestStatus
 from engine.core.request_queue import create_request_queue
@@ -98,6 +98,9 @@ class Scheduler:
         # vLLM 0.32: the long-prefill cap only applies when another request could use the budget.
         threshold = self.long_prefill_token_threshold if len(running) + len(self.waiting) > 1 else 0
         max_model_len = self.max_model_len
+        block_size = self.block_size
+        caching = kv.enable_caching
+        req_to_blocks, num_cached_block = kv.req_to_blocks, kv.num_cached_block
         num_scheduled: dict[str, int] = {}
         new_blocks_of: dict[str, list[KVCacheBlock]] = {}
         scheduled_running: list[Request] = []
@@ -120,6 +123,18 @@ class Scheduler:
             if n > max_model_len - req.num_computed_tokens - 1:
                 n = max_model_len - req.num_computed_tokens - 1
             if n <= 0:
+                i += 1
+                continue
+            # Inlined decode fast path of allocate_slots: the held blocks have room and no block fills
+            # up, so there is nothing to allocate or publish.
+            end = req.num_computed_tokens + n
+            held = req_to_blocks.get(req.request_id)
+            if (held is not None and len(held) * block_size >= end
+                    and (not caching or end // block_size <= num_cached_block[req.request_id])):
+                scheduled_running.append(req)
+                new_blocks_of[req.request_id] = _NO_BLOCKS
+                num_scheduled[req.request_id] = n
+                budget -= n
                 i += 1
                 continue
             while (new_blocks := kv.allocate_slots(req, n)) is None:
@@ -301,7 +316,17 @@ class Scheduler:
                                     status_before: RequestStatus) -> tuple[list[int], bool]:
         """Append the sampled tokens up to the first stop; returns the kept tokens and whether it stopped."""
         if len(new_ids) == 1:
-            req.append_output_token_ids(new_ids[0])
+            tok = new_ids[0]
+            req.output_token_ids.append(tok)
+            all_ids = req.all_token_ids
+            all_ids.append(tok)
+            if req.block_size and len(all_ids) % req.block_size == 0:
+                req.update_block_hashes()
+            # Most tokens cannot stop anything: skip the full check unless this one might.
+            params = req.sampling_params
+            if (len(all_ids) < self.max_model_len and len(req.output_token_ids) < req.max_tokens
+                    and (params.ignore_eos or tok != req.eos_token_id) and tok not in params.stop_token_ids):
+                return new_ids, False
             return new_ids, self._check_stop(req)
         for k, tok in enumerate(new_ids):
             req.append_output_token_ids(tok)
