@@ -110,30 +110,32 @@ class Scheduler:
         i = 0
         while i < len(running) and budget > 0:
             req = running[i]
+            computed = req.num_computed_tokens
             placeholders = req.num_output_placeholders
-            if placeholders and req.num_computed_tokens + 2 - placeholders >= req.num_prompt_tokens + req.max_tokens:
+            if placeholders and computed + 2 - placeholders >= req.num_prompt_tokens + req.max_tokens:
                 i += 1  # async: the step in flight already reaches max_tokens
                 continue
-            n = len(req.all_token_ids) + placeholders - req.num_computed_tokens
+            n = len(req.all_token_ids) + placeholders - computed
             if 0 < threshold < n:
                 n = threshold
             if n > budget:
                 n = budget
             # Room for the token this step samples (vLLM 0.32: max_model_len - computed - 1).
-            if n > max_model_len - req.num_computed_tokens - 1:
-                n = max_model_len - req.num_computed_tokens - 1
+            if n > max_model_len - computed - 1:
+                n = max_model_len - computed - 1
             if n <= 0:
                 i += 1
                 continue
             # Inlined decode fast path of allocate_slots: the held blocks have room and no block fills
             # up, so there is nothing to allocate or publish.
-            end = req.num_computed_tokens + n
-            held = req_to_blocks.get(req.request_id)
+            end = computed + n
+            rid = req.request_id
+            held = req_to_blocks.get(rid)
             if (held is not None and len(held) * block_size >= end
-                    and (not caching or end // block_size <= num_cached_block[req.request_id])):
+                    and (not caching or end // block_size <= num_cached_block[rid])):
                 scheduled_running.append(req)
-                new_blocks_of[req.request_id] = _NO_BLOCKS
-                num_scheduled[req.request_id] = n
+                new_blocks_of[rid] = _NO_BLOCKS
+                num_scheduled[rid] = n
                 budget -= n
                 i += 1
                 continue
@@ -209,9 +211,9 @@ class Scheduler:
         requests = self.requests
         for req_id, n in scheduler_output.num_scheduled_tokens.items():
             req = requests[req_id]
-            req.num_computed_tokens += n
+            computed = req.num_computed_tokens = req.num_computed_tokens + n
             req.num_in_flight_tokens += n
-            req.is_prefill_chunk = req.num_computed_tokens < len(req.all_token_ids) + req.num_output_placeholders
+            req.is_prefill_chunk = computed < len(req.all_token_ids) + req.num_output_placeholders
 
     def _make_output(self, scheduled_new: list[Request], scheduled_resumed: list[Request],
                      scheduled_running: list[Request], new_blocks_of: dict[str, list[KVCacheBlock]],
@@ -232,7 +234,7 @@ class Scheduler:
         decode_ids = {r.request_id for r in scheduled_running
                       if r.num_computed_tokens == len(r.all_token_ids) + r.num_output_placeholders - 1
                       and (r.output_token_ids or r.num_output_placeholders)}
-        num_decode_tokens = sum(num_scheduled[rid] for rid in decode_ids)
+        num_decode_tokens = len(decode_ids)  # a decode has exactly one token left, so it is scheduled one
         for req in scheduled_resumed:
             cached.req_ids.append(req.request_id)
             cached.resumed_from_preemption.append(True)
@@ -276,6 +278,7 @@ class Scheduler:
         stopped_waiting: set[Request] = set()
         requests = self.requests
         running_status = RequestStatus.RUNNING
+        update_request = self._update_request_with_output
         # Walk the requests in the scheduler's own order, not the runner's batch order, so that finishes
         # (and so the free queue) never depend on how a runner arranges its batch.
         sampled = dict(zip(model_runner_output.req_ids, model_runner_output.sampled_token_ids))
@@ -293,7 +296,7 @@ class Scheduler:
             status_before = req.status
             if req.first_token_time is None:
                 req.first_token_time = now
-            new_ids, done = self._update_request_with_output(req, new_ids, stale, status_before)
+            new_ids, done = update_request(req, new_ids, stale, status_before)
             cached = req.num_cached_tokens
             out = EngineCoreOutput(req_id, new_ids, None, None, cached if cached > 0 else 0,
                                    logprobs.get(req_id) if logprobs else None)
