@@ -22,6 +22,10 @@ from engine.core.request import Request, RequestStatus
 from engine.core.request_queue import create_request_queue
 from engine.core.sched_output import CachedRequestData, NewRequestData, SchedulerOutput
 
+# Shared by every request that gains no block in a step; readers never mutate new_block_ids entries,
+# and one list instead of one per decode keeps the garbage collector's young generation small.
+_NO_BLOCK_IDS: list[int] = []
+
 
 class Scheduler:
     """Decides, each step, which requests compute how many tokens; shared verbatim by engine and simulator."""
@@ -228,7 +232,7 @@ class Scheduler:
         run_ids = [r.request_id for r in scheduled_running]
         cached = CachedRequestData(
             run_ids, [False] * n, [None] * n,
-            [[b.block_id for b in blocks] if (blocks := new_blocks_of[rid]) else [] for rid in run_ids],
+            [[b.block_id for b in blocks] if (blocks := new_blocks_of[rid]) else _NO_BLOCK_IDS for rid in run_ids],
             [r.num_computed_tokens for r in scheduled_running])
         # A decode computes the one token after everything computed so far, and it is an output token.
         decode_ids = {r.request_id for r in scheduled_running
