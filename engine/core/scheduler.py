@@ -301,9 +301,11 @@ class Scheduler:
             if req.first_token_time is None:
                 req.first_token_time = now
             new_ids, done = update_request(req, new_ids, stale, status_before)
-            cached = req.num_cached_tokens
-            out = EngineCoreOutput(req_id, new_ids, None, None, cached if cached > 0 else 0,
-                                   logprobs.get(req_id) if logprobs else None)
+            out = EngineCoreOutput(req_id, new_ids)  # the fewer arguments, the cheaper the dataclass init
+            if req.num_cached_tokens > 0:
+                out.num_cached_tokens = req.num_cached_tokens
+            if logprobs:
+                out.new_logprobs = logprobs.get(req_id)
             if done:
                 (stopped_running if status_before == running_status else stopped_waiting).add(req)
                 out.finish_reason = req.get_finish_reason()
