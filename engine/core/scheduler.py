@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable
 
 from engine.core.block_pool import KVCacheBlock
 from engine.core.config import CacheConfig, SchedulerConfig
-from engine.core.kv_cache_manager import _NO_BLOCKS, KVCacheManager
+from engine.core.kv_cache_manager import KVCacheManager
 from engine.core.outputs import EngineCoreOutput, EngineCoreOutputs, ModelRunnerOutput, SchedulerStats
 from engine.core.request import Request, RequestStatus
 from engine.core.request_queue import create_request_queue
@@ -106,7 +106,7 @@ class Scheduler:
         caching = kv.enable_caching
         req_to_blocks, num_cached_block = kv.req_to_blocks, kv.num_cached_block
         num_scheduled: dict[str, int] = {}
-        new_blocks_of: dict[str, list[KVCacheBlock]] = {}
+        new_blocks_of: dict[str, list[KVCacheBlock]] = {}  # only requests that gained blocks
         scheduled_running: list[Request] = []
         preempted: list[Request] = []
         preempted_block_ids: dict[str, list[int]] = {}
@@ -138,7 +138,6 @@ class Scheduler:
             if (held is not None and len(held) * block_size >= end
                     and (not caching or end // block_size <= num_cached_block[rid])):
                 scheduled_running.append(req)
-                new_blocks_of[rid] = _NO_BLOCKS
                 num_scheduled[rid] = n
                 budget -= n
                 i += 1
@@ -151,7 +150,7 @@ class Scheduler:
                     i -= 1
                 if victim.request_id in num_scheduled:
                     budget += num_scheduled.pop(victim.request_id)
-                    del new_blocks_of[victim.request_id]
+                    new_blocks_of.pop(victim.request_id, None)
                     scheduled_running.remove(victim)
                 preempted_block_ids[victim.request_id] = self._preempt(victim)
                 preempted.append(victim)
@@ -160,7 +159,8 @@ class Scheduler:
             if new_blocks is None:
                 break
             scheduled_running.append(req)
-            new_blocks_of[req.request_id] = new_blocks
+            if new_blocks:
+                new_blocks_of[req.request_id] = new_blocks
             num_scheduled[req.request_id] = n
             budget -= n
             i += 1
@@ -232,7 +232,7 @@ class Scheduler:
         run_ids = [r.request_id for r in scheduled_running]
         cached = CachedRequestData(
             run_ids, [False] * n, [None] * n,
-            [[b.block_id for b in blocks] if (blocks := new_blocks_of[rid]) else _NO_BLOCK_IDS for rid in run_ids],
+            [[b.block_id for b in new_blocks_of[rid]] if rid in new_blocks_of else _NO_BLOCK_IDS for rid in run_ids],
             [r.num_computed_tokens for r in scheduled_running])
         # A decode computes the one token after everything computed so far, and it is an output token.
         decode_ids = {r.request_id for r in scheduled_running
