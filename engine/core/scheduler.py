@@ -329,11 +329,12 @@ class Scheduler:
             req.output_token_ids.append(tok)
             all_ids = req.all_token_ids
             all_ids.append(tok)
-            if req.block_size and len(all_ids) % req.block_size == 0:
+            num_tokens = len(all_ids)
+            if req.block_size and num_tokens % req.block_size == 0:
                 req.update_block_hashes()
             # Most tokens cannot stop anything: skip the full check unless this one might.
             params = req.sampling_params
-            if (len(all_ids) < self.max_model_len and len(req.output_token_ids) < req.max_tokens
+            if (num_tokens < self.max_model_len and len(req.output_token_ids) < req.max_tokens
                     and (params.ignore_eos or tok != req.eos_token_id) and tok not in params.stop_token_ids):
                 return new_ids, False
             return new_ids, self._check_stop(req)
