@@ -15,6 +15,16 @@ def _t(value: float | None, t0: float) -> float | None:
     return None if value is None else value - t0
 
 
+def _admission_columns(stop: tuple[str, str, int, int] | None) -> dict[str, Any]:
+    """The steps table's OPTIONAL_COLUMNS: why the waiting queue stopped being admitted (null: it emptied)."""
+    if stop is None:
+        return {"admission_blocked": None, "admission_blocked_request": None,
+                "admission_needed": None, "admission_available": None}
+    rid, reason, needed, available = stop
+    return {"admission_blocked": reason, "admission_blocked_request": rid,
+            "admission_needed": needed, "admission_available": available}
+
+
 class TraceRecorder:
     """Call `on_add` for every request, `on_step` after every step, `on_abort` for aborts, `close` at the end."""
 
@@ -77,6 +87,10 @@ class TraceRecorder:
                                                       cached.num_computed_tokens, cached.new_block_ids))
         for rid in so.preempted_req_ids:
             decisions.append(self._decision(rid, "preempt", step, blocks_freed=so.preempted_block_ids[rid]))
+            # Whom the preemption served (OPTIONAL_COLUMNS); self-contained so it ports to any row path.
+            if so.preempted_for and rid in so.preempted_for:
+                forced_by, needed, free = so.preempted_for[rid]
+                decisions[-1].update(preempted_for=forced_by, blocks_needed=needed, blocks_free=free)
         num_finished = 0
         for out in outputs.outputs:
             if out.finish_reason is None or out.finish_reason == "error":
@@ -102,7 +116,8 @@ class TraceRecorder:
             "kv_blocks_used": pool.num_usable_blocks - pool.get_num_free_blocks(),
             "kv_blocks_total": pool.num_usable_blocks, "prefix_hit_tokens": so.prefix_hit_tokens,
             "num_new_reqs": len(so.scheduled_new_reqs), "num_finished": num_finished,
-            "schedule_time": schedule_time, "execute_time": execute_time, "sample_time": sample_time}])
+            "schedule_time": schedule_time, "execute_time": execute_time, "sample_time": sample_time,
+            **_admission_columns(so.admission_stop)}])
         self.writer.flush()
         self.step += 1
         return finished
