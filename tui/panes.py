@@ -8,7 +8,7 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.message import Message
 from textual.widgets import Label, Static
 
-from tui import views
+from tui import reasons, views
 from tui.compare import Comparison
 from tui.model import LifecycleEvent, RunIndex
 from tui.widgets.blockmap import CACHED, FREE, HELD, LEGEND, MINE, SHARED, BlockMap, cell_codes
@@ -129,7 +129,8 @@ class RequestPane(Vertical):
         self.query_one("#request-info", Static).update(views.request_info(run, selected), layout=False)
         if self.key != (id(run), selected):
             self.key = (id(run), selected)
-            self.events = run.lifecycle(selected) if selected and run.has_request(selected) else []
+            known = selected and run.has_request(selected)
+            self.events = reasons.explained_lifecycle(run, selected) if known else []
         rows = [[f"{e.time:.4f}", str(e.step) if e.step >= 0 else "", e.kind, e.detail] for e in self.events]
         styles = [views.EVENT_STYLE.get(e.kind, "") for e in self.events]
         step = int(run.step_no[pos])
