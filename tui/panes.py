@@ -37,9 +37,9 @@ class StepPane(Vertical):
         yield VTable(views.SCHEDULED_COLUMNS, empty="(nothing scheduled in this step)", id="scheduled")
         with Horizontal(id="queues"):
             with Vertical():
-                yield Label("Running after the step (last: next FCFS victim)", classes="caption")
+                yield Label("Running (last: next FCFS victim)", classes="caption")
                 yield VTable(views.RUNNING_COLUMNS, id="running")
-            with Vertical():
+            with Vertical(id="waiting-box"):  # wider: each row says why the step did not admit it
                 yield Label("Waiting after the step (front first)", classes="caption")
                 yield VTable(views.WAITING_COLUMNS, id="waiting")
 
