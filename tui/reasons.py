@@ -3,7 +3,9 @@
 The scheduler records only where it stopped (steps: `admission_blocked*`, decisions: `preempted_for`,
 `blocks_needed`, `blocks_free`; see traces/FORMAT.md). Budget, seats and a preempting step hold back the
 whole queue; a KV or prompt-size stop holds back its request, and everyone behind it waits in queue order
-(vLLM's FCFS and priority queues never skip ahead). Traces from before these columns explain nothing.
+(vLLM's FCFS and priority queues never skip ahead). Not explained: a request that async scheduling skips
+while its pre-preemption output is still due (the step view leaves it blank; a lifecycle calls it behind).
+Traces from before these columns explain nothing.
 """
 from __future__ import annotations
 

@@ -131,13 +131,16 @@ def waiting_rows(run: RunIndex, pos: int, selected: str | None) -> tuple[int, Ro
     codes, pre = q.waiting_detail(int(run.step_no[pos]), float(run.start[pos]))
     ids = q.ids[codes]
     stop, preempted = reasons.admission_stop(run, pos), reasons.preemptions(run, pos)
+    id_list = list(map(str, ids))
+    # Ahead of the blocked request only an async request whose stale output was still due can wait.
+    front = id_list.index(stop.request_id) if stop is not None and stop.request_id in id_list else 0
 
     def row(i: int) -> list[Cell]:
         rid = str(ids[i])
-        why = reasons.wait_text(stop, preempted, rid)
+        why = reasons.wait_text(stop, preempted, rid) if i >= front or rid in preempted else ""
         note: Cell = (why or "preempted", "red") if pre[i] else why  # red: back in the queue after a preemption
         return [str(i + 1), (rid, "bold magenta") if rid == selected else rid, f"{q.queued[codes[i]]:.3f}", note]
-    return len(codes), row, list(map(str, ids))
+    return len(codes), row, id_list
 
 
 def request_info(run: RunIndex, rid: str | None) -> Text:
