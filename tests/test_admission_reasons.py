@@ -70,3 +70,16 @@ def test_a_step_with_nobody_waiting_records_no_reason():
     step(sched)
     out = sched.schedule()
     assert out.admission_stop is None and out.preempted_for is None
+
+
+def test_the_newest_running_request_that_cannot_grow_is_preempted_for_itself():
+    sched = make_scheduler(num_blocks=5, block_size=16, enable_prefix_caching=False)
+    r0 = make_requests(1, num_tokens=16, max_tokens=40, ignore_eos=True)[0]
+    r1 = make_requests(1, num_tokens=20, max_tokens=40, ignore_eos=True, start=1)[0]
+    _admit(sched, r0, r1)
+    for _ in range(40):
+        out, _ = step(sched)
+        if out.preempted_req_ids:
+            break
+    assert out.preempted_req_ids == ["r1"]
+    assert out.preempted_for == {"r1": ("r1", 1, 0)}

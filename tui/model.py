@@ -213,7 +213,8 @@ class RunIndex:
                 freed = len(r.blocks_freed) if r.blocks_freed is not None else 0
                 why = f" ({r.finish_reason})" if isinstance(r.finish_reason, str) else ""
                 if isinstance(getattr(r, "preempted_for", None), str):  # traces since the column exists
-                    why = (f" to make room for {r.preempted_for} (it needed {as_int(r.blocks_needed)} "
+                    whom = "itself" if r.preempted_for == rid else r.preempted_for
+                    why = (f" to make room for {whom} (it needed {as_int(r.blocks_needed)} "
                            f"blocks, {as_int(r.blocks_free)} free)")
                 out.append(LifecycleEvent(t, int(r.step), str(r.event), f"freed {freed} blocks{why}"))
         flush()

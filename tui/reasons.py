@@ -43,7 +43,9 @@ def stop_text(stop: AdmissionStop) -> str:
     }.get(stop.reason, f"admissions stopped ({stop.reason})")
 
 
-def preempt_text(forced_by: str, needed: int, free: int) -> str:
+def preempt_text(rid: str, forced_by: str, needed: int, free: int) -> str:
+    if forced_by == rid:  # the last running request could not grow and had nobody left to preempt
+        return f"preempted itself (needed {_plural(needed, 'block')}, {free} free)"
     return f"preempted for {forced_by} (needed {_plural(needed, 'block')}, {free} free)"
 
 
@@ -65,7 +67,8 @@ def preemptions(run: RunIndex, pos: int) -> dict[str, str]:
     if "preempted_for" not in dec.columns:
         return {}
     rows = dec[(dec["event"] == "preempt").to_numpy() & dec["preempted_for"].notna().to_numpy()]
-    return {str(r.request_id): preempt_text(str(r.preempted_for), as_int(r.blocks_needed), as_int(r.blocks_free))
+    return {str(r.request_id): preempt_text(str(r.request_id), str(r.preempted_for), as_int(r.blocks_needed),
+                                            as_int(r.blocks_free))
             for r in rows.itertuples(index=False)}
 
 

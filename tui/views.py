@@ -105,7 +105,7 @@ def scheduled_rows(run: RunIndex, pos: int, selected: str | None) -> tuple[list[
             why = r.finish_reason if isinstance(r.finish_reason, str) else ""
             shortfall = ""
             if isinstance(getattr(r, "preempted_for", None), str):  # whom the preemption made room for
-                why = f"for {r.preempted_for}"
+                why = "for itself" if r.preempted_for == rid else f"for {r.preempted_for}"
                 shortfall = f"needed {as_int(r.blocks_needed)}, {as_int(r.blocks_free)} free"
             rows.append([name, str(r.event).upper(), "", why, "", shortfall, block_list(r.blocks_freed)])
             styles.append(EVENT_STYLE.get(str(r.event), ""))
