@@ -86,7 +86,7 @@ def test_lifecycle_tells_each_stretch_of_waiting_with_its_reason(run):
 def test_lifecycle_preempt_line_names_the_request_it_made_room_for(run):
     preempt = [e for e in explained_lifecycle(run, "r2") if e.kind == "preempt"]
     assert len(preempt) == 1 and preempt[0].step == 17
-    assert "to make room for r0 (it needed 1 blocks, 0 free)" in preempt[0].detail
+    assert preempt[0].detail.endswith("for r0: needed 1 block, 0 free")
 
 
 def test_a_trace_from_before_the_reason_columns_shows_only_the_preempted_mark(run):

@@ -63,9 +63,9 @@ def admission_stop(run: RunIndex, pos: int) -> AdmissionStop | None:
 
 def preemptions(run: RunIndex, pos: int) -> dict[str, str]:
     """Request id -> why it was preempted in this step (empty for traces without `preempted_for`)."""
-    dec = run.decisions_at(pos)
-    if "preempted_for" not in dec.columns:
+    if pos >= run.n or not run.num_preempted[pos] or "preempted_for" not in run.decisions.columns:
         return {}
+    dec = run.decisions_at(pos)
     rows = dec[(dec["event"] == "preempt").to_numpy() & dec["preempted_for"].notna().to_numpy()]
     return {str(r.request_id): preempt_text(str(r.request_id), str(r.preempted_for), as_int(r.blocks_needed),
                                             as_int(r.blocks_free))
