@@ -11,7 +11,7 @@ from engine.core.outputs import EngineCoreOutputs
 from engine.core.request import Request
 from engine.core.sched_output import SchedulerOutput
 from engine.core.scheduler import Scheduler
-from traces.schema import BLOCK_EVENT_COLUMNS, DECISION_COLUMNS, STEP_COLUMNS, TABLES
+from traces.schema import BLOCK_EVENT_COLUMNS, DECISION_COLUMNS, OPTIONAL_COLUMNS, STEP_COLUMNS, TABLES
 from traces.writer import TraceWriter
 
 # full: every table; steps: steps and requests (no decisions, block events or snapshots); none:
@@ -22,6 +22,23 @@ _NO_BLOCKS: tuple[int, ...] = ()
 
 def _t(value: float | None, t0: float) -> float | None:
     return None if value is None else value - t0
+
+
+def _admission_columns(stop: tuple[str, str, int, int]) -> dict[str, Any]:
+    """The steps table's OPTIONAL_COLUMNS: why the waiting queue stopped being admitted."""
+    rid, reason, needed, available = stop
+    return {"admission_blocked": reason, "admission_blocked_request": rid,
+            "admission_needed": needed, "admission_available": available}
+
+
+def _set_on_last_row(cols: dict[str, list[Any]], values: dict[str, Any]) -> None:
+    """Optional columns are sparse: pad one with nulls up to the table's last row, then set that row."""
+    last = len(cols["step"]) - 1
+    for c, v in values.items():
+        col = cols[c]
+        if len(col) < last:
+            col.extend([None] * (last - len(col)))
+        col.append(v)
 
 
 class TraceRecorder:
@@ -41,7 +58,7 @@ class TraceRecorder:
         self._direct = hasattr(writer, "buffer")
         names = ("decisions", "steps", "block_events")
         self._tables = ({t: writer.buffer(t) for t in names} if self._direct
-                        else {t: {c: [] for c in TABLES[t]} for t in names})
+                        else {t: {c: [] for c in TABLES[t] + OPTIONAL_COLUMNS.get(t, ())} for t in names})
         self._decisions = self._tables["decisions"]
         self._step_cols = [self._tables["steps"][c] for c in STEP_COLUMNS]
         self._event_cols = [self._tables["block_events"][c] for c in BLOCK_EVENT_COLUMNS]
@@ -120,6 +137,8 @@ class TraceRecorder:
                     num_usable - pool.get_num_free_blocks(), num_usable, so.prefix_hit_tokens,
                     len(so.scheduled_new_reqs), num_finished, schedule_time, execute_time, sample_time)):
                 col.append(value)
+            if so.admission_stop is not None:
+                _set_on_last_row(self._tables["steps"], _admission_columns(so.admission_stop))
         if not self._direct:
             self._rows_to_writer()
         writer.flush()
@@ -164,6 +183,9 @@ class TraceRecorder:
             d["finish_reason"].extend([None] * n)
         for rid in so.preempted_req_ids:
             self._decision(step, rid, "preempt", so.preempted_block_ids[rid], None)
+            if so.preempted_for and rid in so.preempted_for:  # whom the preemption served
+                forced_by, needed, free = so.preempted_for[rid]
+                _set_on_last_row(d, {"preempted_for": forced_by, "blocks_needed": needed, "blocks_free": free})
 
     def _decision(self, step: int, rid: str, event: str, freed: list[int] | None, reason: str | None) -> None:
         """A row that schedules nothing: preempt, finish, abort or reject."""
@@ -177,6 +199,8 @@ class TraceRecorder:
         for table in ("decisions", "block_events", "steps"):
             cols = self._tables[table]
             if cols["step"]:
+                for values in cols.values():  # sparse optional columns end short
+                    values.extend([None] * (len(cols["step"]) - len(values)))
                 self.writer.write_rows(table, [dict(zip(cols, row)) for row in zip(*cols.values())])
                 for values in cols.values():
                     values.clear()

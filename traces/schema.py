@@ -31,6 +31,12 @@ TABLES = {
     "block_events": BLOCK_EVENT_COLUMNS,
     "block_snapshots": BLOCK_SNAPSHOT_COLUMNS,
 }
+# Columns added after version 1 first shipped: written by current recorders, absent from older traces
+# (readers must not require them). Why admissions stopped in a step, and whom each preemption served.
+OPTIONAL_COLUMNS = {
+    "steps": ("admission_blocked", "admission_blocked_request", "admission_needed", "admission_available"),
+    "decisions": ("preempted_for", "blocks_needed", "blocks_free"),
+}
 # Decision events: a request scheduled for some tokens, preempted, finished (stop/length), aborted,
 # rejected at admission.
 DECISION_EVENTS = ("schedule", "preempt", "finish", "abort", "reject")
@@ -46,7 +52,8 @@ def parquet_file(table: str) -> str:
 
 _FLOAT_COLUMNS = {"start", "end", "schedule_time", "execute_time", "sample_time", "arrival", "queued",
                   "first_scheduled", "first_token", "finish", "num_computed_tokens"}
-_STR_COLUMNS = {"request_id", "event", "phase", "finish_reason", "kind", "error", "hash"}
+_STR_COLUMNS = {"request_id", "event", "phase", "finish_reason", "kind", "error", "hash", "admission_blocked",
+                "admission_blocked_request", "preempted_for"}
 _INT_LIST_COLUMNS = {"blocks_gained", "blocks_freed", "block_ids", "prompt_token_ids", "output_token_ids"}
 _STR_LIST_COLUMNS = {"hashes", "holders"}
 
@@ -67,4 +74,5 @@ def arrow_schema(table: str, extra_int_columns: tuple[str, ...] = ()):
             return pa.list_(pa.large_string())
         return pa.bool_() if c == "cached" else pa.int64()
 
-    return pa.schema([(c, kind(c)) for c in TABLES[table]] + [(c, pa.int64()) for c in extra_int_columns])
+    columns = TABLES[table] + OPTIONAL_COLUMNS.get(table, ())
+    return pa.schema([(c, kind(c)) for c in columns] + [(c, pa.int64()) for c in extra_int_columns])

@@ -16,7 +16,7 @@ from typing import Any, BinaryIO
 import orjson
 
 from traces.arrowstream import arrow_stream_file, arrow_stream_to_parquet, to_batch
-from traces.schema import FORMAT_VERSION, META_FILE, TABLES, TEMP_SUFFIX, arrow_schema, parquet_file, stream_file
+from traces.schema import FORMAT_VERSION, META_FILE, OPTIONAL_COLUMNS, TABLES, TEMP_SUFFIX, arrow_schema, parquet_file, stream_file
 
 _OPTIONS = orjson.OPT_SERIALIZE_NUMPY  # numpy scalars from cost models and tables are plain numbers here
 STREAM_FORMATS = ("jsonl", "arrow")
@@ -60,7 +60,7 @@ class TraceWriter:
         self.meta = {"format_version": FORMAT_VERSION, **meta, "versions": package_versions(),
                      "started_at": time.time(), "complete": False}
         self._write_meta()
-        self.columns = {t: (*cols, *extra_int_columns) for t, cols in TABLES.items()}
+        self.columns = {t: (*cols, *OPTIONAL_COLUMNS.get(t, ()), *extra_int_columns) for t, cols in TABLES.items()}
         self._buf: dict[str, dict[str, list[Any]]] = {t: {c: [] for c in cols} for t, cols in self.columns.items()}
         self._files: dict[str, BinaryIO] = {}
         self._streams: dict[str, Any] = {}

@@ -33,6 +33,7 @@ class StepscopeApp(App):
     #scheduled { height: 1fr; min-height: 4; }
     #queues { height: 1fr; }
     #queues > Vertical { width: 1fr; }
+    #queues > #waiting-box { width: 2fr; }
     .caption { height: 1; text-style: bold; }
     #block-legend, #block-detail { height: 2; }
     #request-info { height: 3; }

@@ -212,6 +212,10 @@ class RunIndex:
             else:
                 freed = len(r.blocks_freed) if r.blocks_freed is not None else 0
                 why = f" ({r.finish_reason})" if isinstance(r.finish_reason, str) else ""
+                if isinstance(getattr(r, "preempted_for", None), str):  # traces since the column exists
+                    whom = "itself" if r.preempted_for == rid else r.preempted_for
+                    need = as_int(r.blocks_needed)
+                    why = f" for {whom}: needed {need} block{'s' * (need != 1)}, {as_int(r.blocks_free)} free"
                 out.append(LifecycleEvent(t, int(r.step), str(r.event), f"freed {freed} blocks{why}"))
         flush()
         for key, kind in (("first_token", "first token"), ("finish", "finished")):

@@ -8,7 +8,7 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.message import Message
 from textual.widgets import Label, Static
 
-from tui import views
+from tui import reasons, views
 from tui.compare import Comparison
 from tui.model import LifecycleEvent, RunIndex
 from tui.widgets.blockmap import CACHED, FREE, HELD, LEGEND, MINE, SHARED, BlockMap, cell_codes
@@ -37,9 +37,9 @@ class StepPane(Vertical):
         yield VTable(views.SCHEDULED_COLUMNS, empty="(nothing scheduled in this step)", id="scheduled")
         with Horizontal(id="queues"):
             with Vertical():
-                yield Label("Running after the step (last: next FCFS victim)", classes="caption")
+                yield Label("Running (last: next FCFS victim)", classes="caption")
                 yield VTable(views.RUNNING_COLUMNS, id="running")
-            with Vertical():
+            with Vertical(id="waiting-box"):  # wider: each row says why the step did not admit it
                 yield Label("Waiting after the step (front first)", classes="caption")
                 yield VTable(views.WAITING_COLUMNS, id="waiting")
 
@@ -129,7 +129,8 @@ class RequestPane(Vertical):
         self.query_one("#request-info", Static).update(views.request_info(run, selected), layout=False)
         if self.key != (id(run), selected):
             self.key = (id(run), selected)
-            self.events = run.lifecycle(selected) if selected and run.has_request(selected) else []
+            known = selected and run.has_request(selected)
+            self.events = reasons.explained_lifecycle(run, selected) if known else []
         rows = [[f"{e.time:.4f}", str(e.step) if e.step >= 0 else "", e.kind, e.detail] for e in self.events]
         styles = [views.EVENT_STYLE.get(e.kind, "") for e in self.events]
         step = int(run.step_no[pos])

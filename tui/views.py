@@ -10,6 +10,7 @@ import numpy as np
 from rich.text import Text
 
 from traces.summary import format_summary
+from tui import reasons
 from tui.compare import Comparison
 from tui.model import RunIndex, as_float, as_int
 from tui.queues import admissions
@@ -24,7 +25,8 @@ SCHEDULED_COLUMNS = [Column("request", 12), Column("phase", 8), Column("tokens",
                      Column("-blocks", 18)]
 RUNNING_COLUMNS = [Column("#", 4, True), Column("request", 12), Column("prompt", 6, True),
                    Column("since", 7, True)]
-WAITING_COLUMNS = [Column("#", 4, True), Column("request", 12), Column("queued s", 9, True), Column("note", 10)]
+WAITING_COLUMNS = [Column("#", 4, True), Column("request", 12), Column("queued s", 9, True),
+                   Column("why not admitted", 50)]
 LIFECYCLE_COLUMNS = [Column("time s", 9, True), Column("step", 7, True), Column("event", 11), Column("detail", 60)]
 COMPARE_COLUMNS = [Column("", 1), Column("step", 7, True), Column("A tok", 6, True), Column("B tok", 6, True),
                    Column("A run/wait", 10, True), Column("B run/wait", 10, True), Column("A KV", 6, True),
@@ -101,7 +103,11 @@ def scheduled_rows(run: RunIndex, pos: int, selected: str | None) -> tuple[list[
             styles.append("")
         else:
             why = r.finish_reason if isinstance(r.finish_reason, str) else ""
-            rows.append([name, str(r.event).upper(), "", why, "", "", block_list(r.blocks_freed)])
+            shortfall = ""
+            if isinstance(getattr(r, "preempted_for", None), str):  # whom the preemption made room for
+                why = "for itself" if r.preempted_for == rid else f"for {r.preempted_for}"
+                shortfall = f"needed {as_int(r.blocks_needed)}, {as_int(r.blocks_free)} free"
+            rows.append([name, str(r.event).upper(), "", why, "", shortfall, block_list(r.blocks_freed)])
             styles.append(EVENT_STYLE.get(str(r.event), ""))
         ids.append(rid)
     return rows, styles, ids
@@ -120,16 +126,21 @@ def running_rows(run: RunIndex, pos: int, selected: str | None) -> tuple[int, Ro
 
 
 def waiting_rows(run: RunIndex, pos: int, selected: str | None) -> tuple[int, RowFn, list[str]]:
-    """The waiting queue after the step, front first, preempted ones marked."""
+    """The waiting queue after the step, front first, each with why the step did not admit it."""
     q = run.queues
     codes, pre = q.waiting_detail(int(run.step_no[pos]), float(run.start[pos]))
     ids = q.ids[codes]
+    stop, preempted = reasons.admission_stop(run, pos), reasons.preemptions(run, pos)
+    id_list = list(map(str, ids))
+    # Ahead of the blocked request only an async request whose stale output was still due can wait.
+    front = id_list.index(stop.request_id) if stop is not None and stop.request_id in id_list else 0
 
     def row(i: int) -> list[Cell]:
         rid = str(ids[i])
-        note: Cell = ("preempted", "red") if pre[i] else ""
+        why = reasons.wait_text(stop, preempted, rid) if i >= front or rid in preempted else ""
+        note: Cell = (why or "preempted", "red") if pre[i] else why  # red: back in the queue after a preemption
         return [str(i + 1), (rid, "bold magenta") if rid == selected else rid, f"{q.queued[codes[i]]:.3f}", note]
-    return len(codes), row, list(map(str, ids))
+    return len(codes), row, id_list
 
 
 def request_info(run: RunIndex, rid: str | None) -> Text:

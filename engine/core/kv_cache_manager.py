@@ -57,6 +57,8 @@ class KVCacheManager:
         self.num_cached_block: dict[str, int] = {}
         self.prefix_cache_stats = PrefixCacheStats()
         self.events: list[tuple] | None = None
+        # Why the last allocate_slots returned None: (whole-sequence check, blocks needed, blocks free).
+        self.last_shortfall: tuple[bool, int, int] = (False, 0, 0)
 
     @property
     def usage(self) -> float:
@@ -118,10 +120,12 @@ class KVCacheManager:
         rid = request.request_id
         if full_sequence_must_fit:
             full = min(request.num_tokens, self.max_model_len)
-            if self._num_blocks_to_allocate(rid, full, hits) + watermark > num_free:
+            if (need := self._num_blocks_to_allocate(rid, full, hits) + watermark) > num_free:
+                self.last_shortfall = (True, need, num_free)
                 return None
         num_needed_tokens = min(num_computed + num_new_tokens + num_lookahead_tokens, self.max_model_len)
-        if self._num_blocks_to_allocate(rid, num_needed_tokens, hits) + watermark > num_free:
+        if (need := self._num_blocks_to_allocate(rid, num_needed_tokens, hits) + watermark) > num_free:
+            self.last_shortfall = (False, need, num_free)
             return None
         if req_blocks is None:
             req_blocks = self.req_to_blocks[rid] = []

@@ -11,6 +11,10 @@ from dataclasses import dataclass, field
 from engine.core.sampling_params import SamplingParams
 
 
+# Units of (needed, available): blocks for kv_short/full_sequence, tokens for no_chunk, none (0, 0) otherwise.
+ADMISSION_STOP_REASONS = ("token_budget", "max_num_seqs", "kv_short", "full_sequence", "no_chunk", "preempted")
+
+
 @dataclass(slots=True)
 class NewRequestData:
     req_id: str
@@ -49,6 +53,11 @@ class SchedulerOutput:
     num_decode_tokens: int = 0
     prefix_hit_tokens: int = 0
     decode_req_ids: set[str] = field(default_factory=set)
+    # Why the waiting queue stopped being admitted: (request id at its front, reason, needed, available),
+    # reason one of ADMISSION_STOP_REASONS; None when nobody was left waiting. Set only where the loop breaks.
+    admission_stop: tuple[str, str, int, int] | None = None
+    # For each preempted request: (the running request whose allocation forced it, blocks needed, free).
+    preempted_for: dict[str, tuple[str, int, int]] | None = None
 
     def phase(self, req_id: str) -> str:
         return "decode" if req_id in self.decode_req_ids else "prefill"

@@ -111,6 +111,8 @@ class Scheduler:
         scheduled_running: list[Request] = []
         preempted: list[Request] = []
         preempted_block_ids: dict[str, list[int]] = {}
+        preempted_for = None
+        admission_stop = None
 
         i = 0
         while i < len(running) and budget > 0:
@@ -145,6 +147,9 @@ class Scheduler:
                 continue
             while (new_blocks := kv.allocate_slots(req, n)) is None:
                 victim = self._pick_victim()
+                if preempted_for is None:
+                    preempted_for = {}
+                preempted_for[victim.request_id] = (req.request_id, *kv.last_shortfall[1:])
                 victim_index = running.index(victim)
                 del running[victim_index]
                 if victim_index < i:
@@ -169,7 +174,10 @@ class Scheduler:
         scheduled_new: list[Request] = []
         scheduled_resumed: list[Request] = []
         prefix_hit_tokens = 0
-        if not preempted:
+        if preempted:
+            if self.waiting:
+                admission_stop = (self.waiting.peek_request().request_id, "preempted", 0, 0)
+        else:
             waiting = self.waiting
             skipped: list[Request] = []
             while waiting and budget > 0 and len(running) < self.max_num_running_reqs:
@@ -182,12 +190,15 @@ class Scheduler:
                 if 0 < threshold < n:
                     n = threshold
                 if not self.enable_chunked_prefill and n > budget:
+                    admission_stop = (req.request_id, "no_chunk", n, budget)
                     break
                 n = min(n, budget)
                 new_blocks = kv.allocate_slots(req, n, num_hit, hit_blocks,
                                                full_sequence_must_fit=self.reserve_full_isl,
                                                has_scheduled_reqs=bool(running))
                 if new_blocks is None:
+                    whole, need, free = kv.last_shortfall
+                    admission_stop = (req.request_id, "full_sequence" if whole else "kv_short", need, free)
                     break
                 waiting.pop_request()
                 running.append(req)
@@ -202,11 +213,17 @@ class Scheduler:
                 num_scheduled[req.request_id] = n
                 budget -= n
                 prefix_hit_tokens += num_hit
+            else:
+                if waiting:  # the loop's own condition ended it: budget spent or every seat taken
+                    admission_stop = (waiting.peek_request().request_id,
+                                      "token_budget" if budget <= 0 else "max_num_seqs", 0, 0)
             if skipped:
                 waiting.prepend_requests(skipped)
 
         out = self._make_output(scheduled_new, scheduled_resumed, scheduled_running, new_blocks_of,
                                 num_scheduled, preempted, preempted_block_ids, prefix_hit_tokens)
+        if admission_stop is not None or preempted_for is not None:
+            out.admission_stop, out.preempted_for = admission_stop, preempted_for
         self._num_preempted_last_step = len(preempted)
         self._update_after_schedule(out)
         return out
