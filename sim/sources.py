@@ -19,7 +19,7 @@ from engine.core.sampling_params import SamplingParams
 DEFAULT_VOCAB_SIZE = 32000
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class SimRequest:
     """One request as the simulator adds it.
 
@@ -72,7 +72,8 @@ def workload_source(path: Path, vocab_size: int, limit: int | None = None, time_
     workload = load_workload(path)
     spec = workload.spec
     counts = [c for c in (spec.num_requests, limit) if c is not None]
-    stream = (SimRequest(r.request_id, r.arrival, r.prompt_token_ids, r.max_tokens, r.arrival)
+    stream = (SimRequest(request_id=r.request_id, arrival=r.arrival, prompt_token_ids=r.prompt_token_ids,
+                         max_tokens=r.max_tokens, add_time=r.arrival)
               for r in workload.requests(vocab_size=vocab_size, limit=limit, time_scale=time_scale))
     meta = {**workload.to_dict(), "time_scale": time_scale, "max_requests": limit, "vocab_size": vocab_size}
     return Source("workload", path, stream, min(counts) if counts else None, meta)
@@ -105,8 +106,9 @@ def trace_source(path: Path, limit: int | None = None, time_scale: float = 1.0,
         out = [int(t) for t in output] if output is not None else []
         mt = _num(max_tokens)
         prompt = [int(t) for t in prompt] if prompt is not None else []
-        rows.append(SimRequest(str(rid), arrival, prompt, int(mt) if mt else None, add,
-                               int(_num(priority) or 0), out, reason == "stop" and bool(out)))
+        rows.append(SimRequest(request_id=str(rid), arrival=arrival, prompt_token_ids=prompt,
+                               max_tokens=int(mt) if mt else None, add_time=add, priority=int(_num(priority) or 0),
+                               output_token_ids=out, stop_at_end=reason == "stop" and bool(out)))
     rows.sort(key=lambda r: (r.add_time, r.arrival, _natural(r.request_id)))
     if limit is not None:
         rows = rows[:limit]
