@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from sim.flags import OneLineParser, add_engine_flags, config_error, recorded_or_flag
+from sim.plan_config import DEFAULT_HARDWARE, DEFAULT_MODEL
 
 DEFAULT_NUM_GPU_BLOCKS = 8192
-DEFAULT_ROOFLINE_MODEL = "llama-3.1-8b"
-DEFAULT_HARDWARE = "h100"
+DEFAULT_ROOFLINE_MODEL = DEFAULT_MODEL
 
 
 def build_parser() -> argparse.ArgumentParser:

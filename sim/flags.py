@@ -19,7 +19,7 @@ def sim_flags() -> list[Flag]:
 
 def add_engine_flags(p: argparse.ArgumentParser) -> None:
     """Every default is None: "from the source trace, else the engine default"."""
-    g = p.add_argument_group("engine flags (same names and meaning as `engine run`)")
+    g = p.add_argument_group("engine flags (as in `engine run`; unset: the source trace's value, else the engine default)")
     add_flags(g, sim_flags(), unset_default=True)
     g.add_argument("--seed", type=int, default=None, help="seed of the fabricated tokens")
 

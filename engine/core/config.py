@@ -54,6 +54,7 @@ class CacheConfig:
     num_gpu_blocks: int | None = None
     enable_prefix_caching: bool = option(True, "reuse KV of shared prefixes")
     watermark: float = 0.0
+    # vLLM 0.32 defaults to 0.92; 0.9 is kept so simulated KV sizes and plan results files stay comparable.
     gpu_memory_utilization: float = option(0.9, "share of device memory for the engine (the roofline cost "
                                            "model sizes the simulated KV cache with it)")
     num_gpu_blocks_override: int | None = option(None, "force the KV block count")
