@@ -39,7 +39,7 @@ class SimRequest:
     stop_at_end: bool = False
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class Source:
     """A request stream plus what the source knows about the run: the scheduler/cache config of an
     engine trace, the workload for meta.json, and finishes that came from outside the scheduler."""
@@ -76,7 +76,8 @@ def workload_source(path: Path, vocab_size: int, limit: int | None = None, time_
                          max_tokens=r.max_tokens, add_time=r.arrival)
               for r in workload.requests(vocab_size=vocab_size, limit=limit, time_scale=time_scale))
     meta = {**workload.to_dict(), "time_scale": time_scale, "max_requests": limit, "vocab_size": vocab_size}
-    return Source("workload", path, stream, min(counts) if counts else None, meta)
+    return Source(kind="workload", path=path, requests=stream, num_requests=min(counts) if counts else None,
+                  meta=meta)
 
 
 def _natural(rid: str) -> tuple:
@@ -113,10 +114,12 @@ def trace_source(path: Path, limit: int | None = None, time_scale: float = 1.0,
     if limit is not None:
         rows = rows[:limit]
     config = trace.meta.get("config", {})
-    src = Source("trace", path, iter(rows), len(rows), {"source_trace": str(path), "time_scale": time_scale,
-                                                        "max_requests": limit, "workload": trace.meta.get("workload")},
-                 dict(config.get("scheduler") or {}), dict(config.get("cache") or {}),
-                 dict(config.get("model") or {}), _external_finishes(trace, {r.request_id for r in rows}), trace)
+    src = Source(kind="trace", path=path, requests=iter(rows), num_requests=len(rows),
+                 meta={"source_trace": str(path), "time_scale": time_scale, "max_requests": limit,
+                       "workload": trace.meta.get("workload")},
+                 scheduler=dict(config.get("scheduler") or {}), cache=dict(config.get("cache") or {}),
+                 model=dict(config.get("model") or {}),
+                 external_finishes=_external_finishes(trace, {r.request_id for r in rows}), trace=trace)
     # A stop that the frontend found (stop string) is replayed as an external finish, not as a token stop.
     external = {rid for items in src.external_finishes.values() for rid, _ in items}
     for r in rows:
