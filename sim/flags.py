@@ -12,9 +12,9 @@ from engine.core.flags import Flag, OneLineParser, add_flags, flag_error
 __all__ = ["OneLineParser", "add_engine_flags", "config_error", "recorded_or_flag", "sim_flags"]
 
 
-def sim_flags() -> list[Flag]:
+def sim_flags() -> tuple[Flag, ...]:
     """The engine flags that mean something to the simulator (not, e.g., --kv-cache-memory)."""
-    return [fl for fl in engine_flags() if fl.sim]
+    return tuple(fl for fl in engine_flags() if fl.sim)
 
 
 def add_engine_flags(p: argparse.ArgumentParser) -> None:

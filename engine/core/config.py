@@ -76,6 +76,6 @@ class CacheConfig:
         return asdict(self)
 
 
-def engine_flags() -> list[Flag]:
+def engine_flags() -> tuple[Flag, ...]:
     """The scheduler and cache options `engine run` shares with `sim replay` and `sim plan`."""
     return flags_of(SchedulerConfig) + flags_of(CacheConfig)

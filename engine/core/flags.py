@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from dataclasses import MISSING, dataclass, field
+from functools import cache
 from typing import Any, NoReturn
 
 _TYPES = {"int": int, "int | None": int, "float": float, "float | None": float, "bool": bool, "bool | None": bool}
@@ -39,7 +41,8 @@ class Flag:
         return self.flag[2:].replace("-", "_")
 
 
-def flags_of(cls: type) -> list[Flag]:
+@cache
+def flags_of(cls: type) -> tuple[Flag, ...]:
     """The options declared on `cls`, in field order."""
     out = []
     for f in dataclasses.fields(cls):
@@ -49,18 +52,18 @@ def flags_of(cls: type) -> list[Flag]:
         out.append(Flag(field=meta.get("field", f.name), owner=meta.get("owner", cls.__name__),
                         flag=meta["flag"] or "--" + f.name.replace("_", "-"), type=_TYPES.get(str(f.type), str),
                         default=f.default, help=meta["help"], choices=meta["choices"], sim=meta["sim"]))
-    return out
+    return tuple(out)
 
 
-def same_option(cls: type, name: str, **default: Any) -> Any:
+def same_option(cls: type, name: str, *, default: Any = MISSING) -> Any:
     """The option `cls.name` declared again on another dataclass (EngineArgs) with the same flag, help,
-    choices and default (`default=` overrides it, e.g. None meaning "the model's")."""
+    choices and default (`default` overrides it, e.g. None meaning "the model's")."""
     f = next(f for f in dataclasses.fields(cls) if f.name == name)
     meta = {**f.metadata, "field": name, "owner": cls.__name__}
-    return field(default=default.get("default", f.default), metadata=meta)
+    return field(default=f.default if default is MISSING else default, metadata=meta)
 
 
-def add_flags(parser: Any, flags: list[Flag], *, unset_default: bool = False) -> None:
+def add_flags(parser: Any, flags: Iterable[Flag], *, unset_default: bool = False) -> None:
     """Add each flag; `unset_default`: every default is None (the caller fills it from elsewhere)."""
     for fl in flags:
         kw: dict[str, Any] = {"dest": fl.dest, "default": None if unset_default else fl.default, "help": fl.help}
@@ -70,7 +73,7 @@ def add_flags(parser: Any, flags: list[Flag], *, unset_default: bool = False) ->
             parser.add_argument(fl.flag, type=fl.type, choices=fl.choices, **kw)
 
 
-def flag_error(e: ValueError, flags: list[Flag]) -> ValueError:
+def flag_error(e: ValueError, flags: Iterable[Flag]) -> ValueError:
     """Config errors start with a dataclass field's name; say the flag instead."""
     name, sep, rest = str(e).partition(": ")
     flag_of = {fl.field: fl.flag for fl in flags}
