@@ -3,7 +3,8 @@ roofline model of llama-3.1-8b on an H200, trace written and summarised, as `sim
 
 Run from the repo root: `python bench/sim_speed.py [--max-requests N] [--profile]`. Prints
 `steps/s: <n> steps/s` (simulated steps per second of the event loop, recording included) and
-`azure conv replay: <seconds> s` (end to end: request stream, loop, trace compaction, summary).
+`azure conv replay: <seconds> s` (end to end: request stream, loop, trace compaction, summary) and
+`peak rss: <n> MB` (the process's peak resident memory, summary included).
 `--profile` prints the loop's top functions by own time for the first 1,000 requests.
 If the roofline model is not importable, a fixed-cost stand-in is used and the output says so.
 """
@@ -13,6 +14,7 @@ import argparse
 import cProfile
 import os
 import pstats
+import resource
 import sys
 import tempfile
 import time
@@ -83,6 +85,8 @@ def main() -> int:
     print(format_sim_summary(summary))
     print(f"steps/s: {result.num_steps / result.wall_time:.0f} steps/s")
     print(f"azure conv replay: {total:.1f} s")
+    # ru_maxrss is in KiB on Linux: the whole run's peak, the summary included.
+    print(f"peak rss: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB")
     return 0
 
 

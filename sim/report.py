@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from traces.schema import REQUEST_COLUMNS
 from traces.summary import format_summary, request_latencies, summarize
 
 SLO_METRICS = ("ttft", "tpot", "e2e", "queue")
@@ -90,23 +91,20 @@ def inter_token_latencies(decisions: pd.DataFrame, steps: pd.DataFrame) -> np.nd
     return np.diff(times)[code[1:] == code[:-1]]
 
 
+# What the summary and the plots read: no token id lists, no block tables, and only these step columns.
+SUMMARY_READ = {
+    "steps": ("step", "start", "end", "num_running", "num_waiting", "kv_blocks_used", "kv_blocks_total"),
+    "requests": tuple(c for c in REQUEST_COLUMNS if not c.endswith("token_ids")),
+    "decisions": ("step", "request_id", "event", "phase"),
+}
+
+
 def load_for_summary(path: str | Path) -> Any:
-    """The columns the summary and plots read (no token id lists, no block tables): a fraction of
-    `traces.load`'s time on a long trace. Falls back to traces.load for a trace still in JSON lines."""
-    from types import SimpleNamespace
-
+    """The columns the summary and plots read, request ids and events as Categoricals: a fraction of the
+    memory and time of `traces.load` on a long trace, compacted or still in JSON lines."""
     import traces
-    from traces.schema import REQUEST_COLUMNS
 
-    root = Path(path)
-    files = {t: root / f"{t}.parquet" for t in ("steps", "requests", "decisions")}
-    if not all(f.is_file() for f in files.values()):
-        return traces.load(root)
-    light = [c for c in REQUEST_COLUMNS if not c.endswith("token_ids")]
-    return SimpleNamespace(path=root, steps=pd.read_parquet(files["steps"]),
-                           requests=pd.read_parquet(files["requests"], columns=light),
-                           decisions=pd.read_parquet(files["decisions"],
-                                                     columns=["step", "request_id", "event", "phase"]))
+    return traces.load(path, columns=SUMMARY_READ, tables=SUMMARY_READ, categories=("request_id", "event", "phase"))
 
 
 def sim_summary(trace: Any, slos: list[SLO] | None = None,

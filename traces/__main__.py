@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from traces.console import run_cli
 from traces.reader import TraceError, load
 
 
@@ -21,25 +22,21 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    try:
+
+    def body() -> int:
         if args.command == "export":
             from traces.perfetto import export_perfetto
 
             doc = export_perfetto(args.trace_dirs, args.output)
             print(f"wrote {args.output}: {len(doc['traceEvents'])} events from {len(args.trace_dirs)} trace(s)")
         else:
-            from traces.summary import format_summary, summarize
+            from traces.summary import SUMMARY_COLUMNS, format_summary, summarize
 
-            t = load(args.trace_dir)
+            t = load(args.trace_dir, columns=SUMMARY_COLUMNS, tables=SUMMARY_COLUMNS)
             print(format_summary(summarize(t.requests, t.steps)))
-    except TraceError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except OSError as e:
-        path = e.filename if e.filename is not None else getattr(args, "output", "?")
-        print(f"error: {path}: {e.strerror or e}", file=sys.stderr)
-        return 2
-    return 0
+        return 0
+
+    return run_cli(f"python -m traces {args.command}", body, (TraceError,))
 
 
 if __name__ == "__main__":

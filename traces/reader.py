@@ -1,8 +1,11 @@
-"""`traces.load(path)`: a trace directory (streamed or compacted) as pandas DataFrames."""
+"""`traces.load(path)`: a trace directory (streamed or compacted) as pandas DataFrames. A damaged trace is
+a `TraceError` of one line naming the file and the problem; a Parquet file that cannot be read gives way
+to the JSON lines it was made from when they are still there (a run killed mid-compaction)."""
 from __future__ import annotations
 
 import json
 import warnings
+from collections.abc import Iterable, Mapping, Sequence
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -10,36 +13,19 @@ from typing import Any
 import pandas as pd
 
 from traces.schema import FORMAT_VERSION, META_FILE, SPANS_FILE, TABLES, parquet_file, stream_file
+from traces.streams import StreamError, first_row_keys, read_stream
 
 
 class TraceError(ValueError):
     """A directory that is not a readable trace; the message is one line naming the path."""
 
 
-class TruncatedTraceWarning(UserWarning):
+class TraceWarning(UserWarning):
+    """Something of a trace was read around (shown as one line by the command-line tools)."""
+
+
+class TruncatedTraceWarning(TraceWarning):
     pass
-
-
-def read_stream(path: Path, columns: tuple[str, ...]) -> tuple[pd.DataFrame, bool]:
-    """Rows of a JSON-lines stream with the schema's columns first (plus any extra ones a writer added);
-    a partial last line (a run killed mid-write) is dropped."""
-    rows, truncated = [], False
-    if path.exists():
-        with open(path, encoding="utf-8") as f:
-            lines = f.read().split("\n")
-        for i, line in enumerate(lines):
-            if not line:
-                continue
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                if i >= len(lines) - 2:
-                    truncated = True
-                    break
-                raise TraceError(f"{path}: line {i + 1} is not JSON") from None
-    df = pd.DataFrame(rows)
-    extra = [c for c in df.columns if c not in columns]  # e.g. a cluster's `replica`
-    return df.reindex(columns=[*columns, *extra]), truncated
 
 
 class Trace:
@@ -81,51 +67,114 @@ def _arrow_lists(ty):
     return pd.ArrowDtype(ty) if pa.types.is_list(ty) or pa.types.is_large_list(ty) else None
 
 
-def load(path: str | Path, arrow_lists: bool = False) -> Trace:
-    """Read a trace directory. `arrow_lists` keeps Parquet list columns (block ids, token ids) in Arrow
-    instead of building a Python list per row: a 100k-step trace then opens in a fraction of the time
-    (the TUI uses it)."""
-    root = Path(path)
+def read_meta(root: Path) -> dict[str, Any]:
+    """meta.json as a dict of this format version, or a one-line TraceError."""
     meta_path = root / META_FILE
     if not root.is_dir():
         raise TraceError(f"{root}: not a directory")
     if not meta_path.is_file():
         raise TraceError(f"{root}: not a trace directory (no {META_FILE})")
     try:
-        meta = json.loads(meta_path.read_text())
+        text = meta_path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise TraceError(f"{meta_path}: not UTF-8 (byte {e.start})") from None
+    try:
+        meta = json.loads(text)
     except json.JSONDecodeError as e:
         raise TraceError(f"{meta_path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+    if not isinstance(meta, dict):
+        raise TraceError(f"{meta_path}: not a JSON object (a JSON {type(meta).__name__})")
     version = meta.get("format_version")
     if version != FORMAT_VERSION:
         raise TraceError(f"{meta_path}: format_version is {version!r}, this stepscope reads {FORMAT_VERSION}")
-    tables: dict[str, pd.DataFrame] = {}
-    truncated = []
-    for table, columns in TABLES.items():
-        pq = root / parquet_file(table)
-        if pq.is_file():
-            if arrow_lists:
-                import pyarrow.parquet
+    return meta
 
-                tables[table] = pyarrow.parquet.read_table(pq).to_pandas(types_mapper=_arrow_lists)
-            else:
-                tables[table] = pd.read_parquet(pq)
-        else:
-            tables[table], cut = read_stream(root / stream_file(table), columns)
-            if cut:
-                truncated.append(table)
+
+def _missing_column(path: Path, names: Iterable[str], required: Sequence[str]) -> None:
+    have = set(names)
+    missing = [c for c in required if c not in have]
+    if missing:
+        raise TraceError(f"{path}: required column{'s' if len(missing) > 1 else ''} "
+                         f"{', '.join(missing)} missing")
+
+
+def _read_parquet(path: Path, table: str, columns: Sequence[str] | None, arrow_lists: bool,
+                  categories: Sequence[str]) -> pd.DataFrame:
+    """One compacted table, only `columns` of it when given; raises pyarrow/OS errors for a damaged file."""
+    import pyarrow.parquet as pq
+
+    names = pq.read_schema(path).names
+    _missing_column(path, names, TABLES[table])
+    pf = pq.ParquetFile(path, read_dictionary=[c for c in categories if c in names])
+    wanted = None if columns is None else [c for c in names if c in set(columns)]
+    tbl = pf.read(columns=wanted)
+    return tbl.to_pandas(types_mapper=_arrow_lists if arrow_lists else None)
+
+
+def _read_table(root: Path, table: str, columns: Sequence[str] | None, arrow_lists: bool,
+                notes: list[str], categories: Sequence[str] = ()) -> tuple[pd.DataFrame, bool]:
+    import pyarrow as pa
+
+    pq_path, stream = root / parquet_file(table), root / stream_file(table)
+    if pq_path.is_file():
+        try:
+            return _read_parquet(pq_path, table, columns, arrow_lists, categories), False
+        except (pa.ArrowException, OSError, ValueError) as e:
+            if isinstance(e, TraceError):
+                raise
+            reason = (str(e).splitlines() or [type(e).__name__])[0]
+            if not stream.is_file():
+                raise TraceError(f"{pq_path}: unreadable Parquet ({reason})") from None
+            notes.append(f"{pq_path}: unreadable Parquet ({reason}); read {stream.name} instead")
+    keys = first_row_keys(stream)
+    if keys is not None:
+        _missing_column(stream, keys, TABLES[table])
+    try:
+        df, cut = read_stream(stream, table, TABLES[table], arrow_lists=arrow_lists, only=columns,
+                              categories=categories)
+    except StreamError as e:
+        raise TraceError(str(e)) from None
+    except OSError as e:
+        raise TraceError(f"{stream}: {e.strerror or e}") from None
+    return df, cut
+
+
+def load(path: str | Path, arrow_lists: bool = False, columns: Mapping[str, Sequence[str]] | None = None,
+         tables: Iterable[str] | None = None, categories: Sequence[str] = ()) -> Trace:
+    """Read a trace directory. `arrow_lists` keeps list columns (block ids, token ids) in Arrow instead of
+    building a Python list per row: a 100k-step trace then opens in a fraction of the time (the TUI uses it).
+    `columns` reads only those columns of the tables it names and `tables` only those tables (the others
+    are empty), and `categories` names string columns to read as pandas Categoricals (request ids, events):
+    summaries of a long run then hold a fraction of it in memory."""
+    root = Path(path)
+    meta = read_meta(root)
+    wanted = set(TABLES if tables is None else tables)
+    out: dict[str, pd.DataFrame] = {}
+    truncated, notes = [], []
+    for table, cols in TABLES.items():
+        if table not in wanted:
+            out[table] = pd.DataFrame(columns=list(cols))
+            continue
+        out[table], cut = _read_table(root, table, (columns or {}).get(table), arrow_lists, notes, categories)
+        if cut:
+            truncated.append(table)
     if not meta.get("complete"):
-        _clip_to_last_step(tables)
+        _clip_to_last_step(out)
+    for note in notes:
+        warnings.warn(note, TraceWarning, stacklevel=2)
     if truncated:
         warnings.warn(f"{root}: trace ends mid-write ({', '.join(truncated)}); read up to the last complete step",
                       TruncatedTraceWarning, stacklevel=2)
-    return Trace(root, meta, tables)
+    return Trace(root, meta, out)
 
 
 def _clip_to_last_step(tables: dict[str, pd.DataFrame]) -> None:
     """A step's decisions and block events are written before its steps row: drop any beyond that row."""
     steps = tables["steps"]
+    if "step" not in steps.columns:
+        return
     last = int(steps["step"].max()) if len(steps) else -1
     for name in ("decisions", "block_events", "block_snapshots"):
         df = tables[name]
-        if len(df):
+        if len(df) and "step" in df.columns:
             tables[name] = df[df["step"] <= last].reset_index(drop=True)

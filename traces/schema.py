@@ -4,6 +4,8 @@ from __future__ import annotations
 FORMAT_VERSION = 1
 META_FILE = "meta.json"
 SPANS_FILE = "spans.jsonl"
+# A Parquet file being compacted is `<table>.parquet.<pid>.tmp` until renamed; readers never look at it.
+TEMP_SUFFIX = ".tmp"
 
 STEP_COLUMNS = (
     "step", "start", "end", "num_prefill_tokens", "num_decode_tokens", "num_scheduled_tokens",

@@ -2,10 +2,18 @@
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 import numpy as np
 import pandas as pd
+
+# The columns `summarize` reads: `traces.load(path, columns=SUMMARY_COLUMNS, tables=SUMMARY_COLUMNS)`.
+SUMMARY_COLUMNS = {
+    "requests": ("request_id", "arrival", "first_scheduled", "first_token", "finish", "num_prompt_tokens",
+                 "num_output_tokens", "num_cached_tokens", "num_preemptions", "finish_reason", "error"),
+    "steps": ("step", "kv_blocks_used", "kv_blocks_total"),
+}
 
 
 def _pct(values: pd.Series | np.ndarray, q: float) -> float:
@@ -26,6 +34,36 @@ def request_latencies(requests: pd.DataFrame) -> pd.DataFrame:
     return out.reset_index(drop=True)
 
 
+# Admission errors carry each request's own numbers; these rewrite them to one reason per cause.
+_REASONS = (
+    (re.compile(r"(?:more|longer) than max_model_len=(\d+)"), "prompt longer than max_model_len={0}"),
+    (re.compile(r"needs \d+ KV blocks of (\d+) tokens but the cache has (\d+)"),
+     "prompt + max_tokens need more KV blocks than the cache has ({1} blocks of {0} tokens)"),
+)
+
+
+def rejection_reason(error: str) -> str:
+    for pattern, label in _REASONS:
+        m = pattern.search(error)
+        if m:
+            return label.format(*m.groups())
+    return error
+
+
+def rejections(requests: pd.DataFrame) -> dict[str, int]:
+    """Requests refused at admission (an error and never scheduled), counted by reason, most first."""
+    if "error" not in requests.columns or not len(requests):
+        return {}
+    refused = requests["error"].notna() & requests["first_scheduled"].isna()
+    counts = requests.loc[refused, "error"].astype(str).map(rejection_reason).value_counts()
+    return {str(k): int(v) for k, v in counts.items()}
+
+
+def format_rejections(counts: dict[str, int]) -> list[str]:
+    """`402 rejected: prompt longer than max_model_len=4096`, one line per reason."""
+    return [f"{n} rejected: {reason}" for reason, n in counts.items()]
+
+
 def summarize(requests: pd.DataFrame, steps: pd.DataFrame | None = None,
               percentiles: tuple[int, ...] = (50, 90, 99)) -> dict[str, Any]:
     lat = request_latencies(requests)
@@ -41,6 +79,7 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame | None = None,
         "aborted": int((requests["finish_reason"] == "abort").sum()),
         "duration_s": duration, "output_tokens": out_tokens,
         "output_throughput_tok_s": out_tokens / duration, "request_throughput_req_s": len(done) / duration,
+        "rejected": rejections(requests),
         "preemptions": int(requests["num_preemptions"].sum()),
         "prefix_hit_rate": float(done["num_cached_tokens"].sum()) / prompt_tokens if prompt_tokens else 0.0,
     }
@@ -61,6 +100,7 @@ def format_summary(s: dict[str, Any]) -> str:
 
     lines = [
         f"requests: {s['finished']} finished of {s['requests']} ({s['errors']} errors, {s['aborted']} aborted)",
+        *format_rejections(s.get("rejected", {})),
         f"duration: {s['duration_s']:.2f} s",
         f"output throughput: {s['output_throughput_tok_s']:.1f} tok/s ({s['output_tokens']} tokens)",
         f"ttft: p50 {ms('ttft_p50_s')}, p99 {ms('ttft_p99_s')}",

@@ -11,14 +11,13 @@ from typing import Any, BinaryIO
 
 import orjson
 
+from traces.schema import FORMAT_VERSION, META_FILE, TABLES, TEMP_SUFFIX, arrow_schema, parquet_file, stream_file
+
 _OPTIONS = orjson.OPT_SERIALIZE_NUMPY  # numpy scalars from cost models and tables are plain numbers here
 
 
 def _dumps(row: dict[str, Any]) -> bytes:
     return orjson.dumps(row, option=_OPTIONS)
-
-from traces.schema import FORMAT_VERSION, META_FILE, TABLES, arrow_schema, parquet_file, stream_file
-
 
 
 def package_versions() -> dict[str, str]:
@@ -46,6 +45,8 @@ class TraceWriter:
         for table in TABLES:
             for name in (stream_file(table), parquet_file(table)):
                 (self.path / name).unlink(missing_ok=True)
+            for stale in self.path.glob(f"{parquet_file(table)}.*{TEMP_SUFFIX}"):
+                stale.unlink(missing_ok=True)
         self.meta = {"format_version": FORMAT_VERSION, **meta, "versions": package_versions(),
                      "started_at": time.time(), "complete": False}
         self._write_meta()
@@ -101,24 +102,27 @@ class TraceWriter:
 
     def _compact(self) -> None:
         """JSON lines -> Parquet streamed through Arrow in batches, so memory stays flat for millions of
-        rows; a table Arrow cannot parse falls back to pandas."""
+        rows; a table Arrow cannot parse falls back to pandas. Each Parquet file is written under a
+        temporary name and renamed into place, so a kill mid-compaction leaves the JSON lines in charge."""
         import pyarrow.json as pj
         import pyarrow.parquet as pq
 
-        from traces.reader import read_stream
+        from traces.streams import read_stream
 
         for table, columns in TABLES.items():
             src, dst = self.path / stream_file(table), self.path / parquet_file(table)
+            tmp = dst.with_name(f"{dst.name}.{os.getpid()}{TEMP_SUFFIX}")
             try:
                 if src.stat().st_size == 0:
                     raise ValueError("empty stream")
                 schema = arrow_schema(table, self.extra_int_columns)
                 reader = pj.open_json(src, read_options=pj.ReadOptions(block_size=16 << 20),
                                       parse_options=pj.ParseOptions(explicit_schema=schema))
-                with pq.ParquetWriter(dst, reader.schema) as out:
+                with pq.ParquetWriter(tmp, reader.schema) as out:
                     for batch in reader:
                         out.write_batch(batch)
             except (ValueError, OSError):
-                df, _ = read_stream(src, (*columns, *self.extra_int_columns))
-                df.to_parquet(dst, index=False)
+                df, _ = read_stream(src, table, columns, self.extra_int_columns)
+                df.to_parquet(tmp, index=False)
+            os.replace(tmp, dst)
             src.unlink()

@@ -3,7 +3,6 @@ A directory that is not a trace is one line on stderr and exit status 2."""
 from __future__ import annotations
 
 import argparse
-import sys
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -21,14 +20,18 @@ def main(argv: list[str] | None = None) -> int:
         p.print_help()
         return 0
     from traces import TraceError
+    from traces.console import run_cli
     from tui.loader import open_trace
     from tui.model import RunIndex
 
-    try:
-        runs = [RunIndex(open_trace(path), label) for path, label in ((args.trace_dir, "A"), (args.trace_dir_b, "B"))
-                if path is not None]
-    except TraceError as e:
-        print(f"tui: error: {e}", file=sys.stderr)
+    runs = []
+
+    def load_all() -> int:
+        runs.extend(RunIndex(open_trace(path), label) for path, label in ((args.trace_dir, "A"),
+                                                                          (args.trace_dir_b, "B")) if path is not None)
+        return 0
+
+    if run_cli("tui", load_all, (TraceError,)) != 0:
         return 2
     from tui.app import StepscopeApp
 

@@ -9,6 +9,7 @@ from engine.config import EngineConfig
 from engine.core.outputs import LogprobsLists, ModelRunnerOutput
 from engine.core.sched_output import SchedulerOutput
 from engine.model_executor.forward_context import AttentionMetadata, set_forward_context
+from engine.model_executor.layers.cpu_linear import pack_linears
 from engine.model_executor.layers.sampler import Sampler, build_sampling_metadata
 from engine.model_executor.loader import KVCacheSpec, kv_cache_spec, load_model
 from engine.worker.cuda_graphs import GRAPH_BACKENDS, DecodeGraphs
@@ -35,6 +36,8 @@ class ModelRunner:
         mc = self.config.model_config
         self.model = load_model(mc.hf_config, mc.model_dir, mc.load_format, self.dtype, self.device, mc.seed,
                                 attn_backend=self.config.device_config.attention_backend)
+        if self.device.type == "cpu":
+            pack_linears(self.model, batch_size_hint=self.config.scheduler_config.max_num_seqs)
 
     def get_kv_cache_spec(self) -> KVCacheSpec:
         return kv_cache_spec(self.config.model_config.hf_config)

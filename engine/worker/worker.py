@@ -5,7 +5,7 @@ import logging
 
 import torch
 
-from engine.config import EngineConfig, default_num_threads
+from engine.config import OPENMP_SPIN_BOUNDED, EngineConfig, default_num_threads
 from engine.core.outputs import ModelRunnerOutput
 from engine.core.sched_output import SchedulerOutput
 from engine.model_executor.loader import KVCacheSpec
@@ -26,7 +26,11 @@ class Worker:
             torch.cuda.set_device(self.device)
             torch.cuda.empty_cache()
         else:
-            torch.set_num_threads(self.config.device_config.num_threads or default_num_threads())
+            threads = self.config.device_config.num_threads or default_num_threads()
+            if threads > 1 and not OPENMP_SPIN_BOUNDED:
+                logger.warning("torch was imported before engine.config: OpenMP threads spin-wait and "
+                               "%d threads can run far slower than 1 beside a busy process", threads)
+            torch.set_num_threads(threads)
         torch.manual_seed(self.config.model_config.seed)
         self.model_runner = ModelRunner(self.config, self.device)
 

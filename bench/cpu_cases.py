@@ -1,0 +1,122 @@
+"""Helpers for bench/throughput.py: bench-only model shapes saved as real checkpoints (so transformers,
+vLLM and this engine read the same weights), the matmul bound of a prefill chunk, a busy neighbour
+process, and the optional vLLM-CPU run."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from collections.abc import Iterator
+
+import torch
+
+# Random Qwen3 shapes on the built-in tokenizer's 4,096-token vocabulary (issue 15's hidden-512 model).
+SHAPES = {
+    "hidden-512": dict(hidden_size=512, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4,
+                       head_dim=64, intermediate_size=1536),
+    "hidden-128": dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                       head_dim=32, intermediate_size=384),
+}
+CACHE = Path(os.environ.get("STEPSCOPE_BENCH_DIR", "/tmp/stepscope-bench"))
+
+
+def checkpoint_for(shape: str) -> Path:
+    """Save (once) a random Qwen3 of `shape` as a HF safetensors checkpoint with the built-in tokenizer.
+
+    Weights are peaked (std 0.15) so greedy argmax has no near-ties: outputs can be compared token by token.
+    """
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from engine.builtin import BUILTIN_DIR
+
+    path = CACHE / shape
+    if (path / "model.safetensors").exists():
+        return path
+    base = json.loads((BUILTIN_DIR / "config.json").read_text())
+    base.update(SHAPES[shape])
+    for key in ("architectures", "model_type", "torch_dtype", "dtype", "rope_parameters"):
+        base.pop(key, None)
+    torch.manual_seed(0)
+    hf = Qwen3ForCausalLM(Qwen3Config(**base)).eval()
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            p.copy_(1 + 0.1 * torch.randn_like(p) if "norm" in name else 0.15 * torch.randn_like(p))
+    tmp = path.with_suffix(".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    hf.save_pretrained(tmp)
+    for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        shutil.copy(BUILTIN_DIR / f, tmp / f)
+    shutil.rmtree(path, ignore_errors=True)
+    tmp.rename(path)
+    return path
+
+
+def matmul_bound(hf_config, num_tokens: int, dtype: torch.dtype, repeats: int = 5) -> float:
+    """Tokens/s of the model's linear layers alone (qkv, o, gate_up, down per layer) on a
+    [num_tokens, hidden] chunk: what a prefill step could reach if attention and glue were free."""
+    h = hf_config.hidden_size
+    heads, kv = hf_config.num_attention_heads, hf_config.num_key_value_heads or hf_config.num_attention_heads
+    d = getattr(hf_config, "head_dim", None) or h // heads
+    inter = hf_config.intermediate_size
+    shapes = [(h, (heads + 2 * kv) * d), (heads * d, h), (h, 2 * inter), (inter, h)]
+    weights = [torch.randn(n, k, dtype=dtype) * 0.02 for k, n in shapes]
+    xs = [torch.randn(num_tokens, k, dtype=dtype) for k, _ in shapes]
+    layers = hf_config.num_hidden_layers
+    times = []
+    with torch.inference_mode():
+        for _ in range(repeats + 1):
+            t = time.perf_counter()
+            for _ in range(layers):
+                for x, w in zip(xs, weights):
+                    torch.nn.functional.linear(x, w)
+            times.append(time.perf_counter() - t)
+    return num_tokens / sorted(times[1:])[len(times[1:]) // 2]
+
+
+@contextmanager
+def busy_neighbour(cpu: int) -> Iterator[None]:
+    """Another process spinning on one core for the duration, as a neighbour on a shared machine does."""
+    code = f"import os\nos.sched_setaffinity(0, {{{cpu}}})\nwhile True:\n    pass\n"
+    proc = subprocess.Popen([sys.executable, "-c", code])
+    time.sleep(0.3)
+    try:
+        yield
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def vllm_available() -> bool:
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+class VllmRunner:
+    """vLLM-CPU on the same checkpoint, built once (its start-up takes tens of seconds)."""
+
+    def __init__(self, model_dir: Path, max_model_len: int, threads: int | None, kv_space_gib: int = 1) -> None:
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_space_gib))
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+        if threads is not None:
+            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "0" if threads == 1 else f"0-{threads - 1}"
+        from vllm import LLM
+
+        self.llm = LLM(str(model_dir), dtype="float32", max_model_len=max_model_len, enforce_eager=True,
+                       seed=0)
+
+    def generate(self, prompts: list[list[int]], outs: list[int]) -> tuple[float, list[list[int]]]:
+        from vllm import SamplingParams
+
+        params = [SamplingParams(max_tokens=o, temperature=0.0, ignore_eos=True) for o in outs]
+        t = time.perf_counter()
+        res = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        elapsed = time.perf_counter() - t
+        return sum(outs) / elapsed, [list(r.outputs[0].token_ids) for r in res]

@@ -1,0 +1,78 @@
+"""The CPU engine's fast paths: prefill attention on SDPA's flash kernel, oneDNN-packed linears that
+compute what nn.Linear computes, and OpenMP spin-waiting bounded before torch loads."""
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+import torch
+from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from engine.config import OPENMP_SPIN_COUNT, bound_openmp_spin
+from engine.model_executor.attention.torch_backend import forward, reshape_and_cache
+from engine.model_executor.forward_context import build_attn_metadata
+from engine.model_executor.layers.cpu_linear import PackedLinear, onednn_packing_available, pack_linears
+
+needs_onednn = pytest.mark.skipif(not onednn_packing_available(), reason="torch built without oneDNN")
+
+
+def test_prefill_with_and_without_cached_context_runs_on_the_flash_kernel():
+    # Only the flash kernel allowed: the math fallback (3-D inputs did that) would raise instead.
+    block_size, kv_heads, heads, d = 16, 2, 4, 32
+    query_lens, seq_lens, tables = [1, 40, 24], [30, 40, 56], [[1, 2], [3, 4, 5], [6, 7, 8, 9]]
+    cache = torch.zeros(2, 10, block_size, kv_heads, d)
+    gen = torch.Generator().manual_seed(0)
+    ctx = build_attn_metadata([29, 32], [29, 32], [tables[0], tables[2]], block_size, "cpu")
+    reshape_and_cache(torch.randn(61, kv_heads, d, generator=gen), torch.randn(61, kv_heads, d, generator=gen),
+                      cache, ctx.slot_mapping)
+    meta = build_attn_metadata(query_lens, seq_lens, tables, block_size, "cpu")
+    q = torch.randn(65, heads, d, generator=gen)
+    k, v = torch.randn(65, kv_heads, d, generator=gen), torch.randn(65, kv_heads, d, generator=gen)
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+        out = forward(q, k, v, cache, meta, d**-0.5)
+    assert out.shape == q.shape and torch.isfinite(out).all()
+
+
+@needs_onednn
+@pytest.mark.parametrize("bias", [False, True])
+def test_packed_linear_matches_nn_linear_on_2d_and_3d_inputs(bias):
+    torch.manual_seed(0)
+    linear = nn.Linear(96, 160, bias=bias)
+    packed = PackedLinear(linear, batch_size_hint=8)
+    for x in (torch.randn(5, 96), torch.randn(3, 7, 96)):
+        torch.testing.assert_close(packed(x), linear(x), atol=1e-5, rtol=1e-5)
+
+
+@needs_onednn
+def test_pack_linears_swaps_every_linear_and_nothing_else():
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Sequential(nn.Linear(16, 4), nn.LayerNorm(4)))
+    assert pack_linears(model, batch_size_hint=4) == 2
+    assert [type(m).__name__ for m in model.modules()] == [
+        "Sequential", "PackedLinear", "ReLU", "Sequential", "PackedLinear", "LayerNorm"]
+
+
+@pytest.fixture
+def no_wait_policy(monkeypatch):
+    monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    return monkeypatch
+
+
+def test_spin_is_bounded_when_torch_is_not_loaded_yet(no_wait_policy):
+    no_wait_policy.delitem(sys.modules, "torch")
+    assert bound_openmp_spin() is True
+    assert os.environ["GOMP_SPINCOUNT"] == OPENMP_SPIN_COUNT
+
+
+def test_a_wait_policy_the_user_chose_is_left_alone(no_wait_policy):
+    no_wait_policy.delitem(sys.modules, "torch")
+    no_wait_policy.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    assert bound_openmp_spin() is True
+    assert "GOMP_SPINCOUNT" not in os.environ
+
+
+def test_too_late_once_torch_is_loaded(no_wait_policy):
+    assert bound_openmp_spin() is False
+    assert "GOMP_SPINCOUNT" not in os.environ

@@ -1,0 +1,55 @@
+"""What every reader entry point (`python -m traces`, `sim`, `tui`) does at its edges: trace warnings as one
+line of our own, and an ending of one line and exit status 2 for a damaged trace or a closed stdout."""
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+from traces.reader import TraceWarning
+
+_python_showwarning = warnings.showwarning
+
+
+def _show(message: Any, category: type[Warning], filename: str, lineno: int, file: Any = None,
+          line: str | None = None) -> None:
+    if issubclass(category, TraceWarning):
+        print(f"warning: {message}", file=file or sys.stderr)
+    else:
+        _python_showwarning(message, category, filename, lineno, file, line)
+
+
+def one_line_warnings() -> None:
+    """Show TraceWarnings as `warning: <message>` instead of Python's two-line file:line format."""
+    warnings.showwarning = _show
+
+
+def first_line(e: BaseException) -> str:
+    text = " ".join(str(e).split())
+    return text or type(e).__name__
+
+
+def run_cli(prog: str, body: Callable[[], int], errors: tuple[type[BaseException], ...] = (ValueError,)) -> int:
+    """Run a command's body: `errors` (and OS errors) become `PROG: error: ...` and exit 2; a reader that
+    went away (`| head`) is one line too, not a BrokenPipeError traceback at exit."""
+    one_line_warnings()
+    try:
+        rc = body()
+        sys.stdout.flush()
+        return rc
+    except BrokenPipeError:
+        # Point stdout at /dev/null so the interpreter's own flush at exit finds nothing to complain about.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        print(f"{prog}: error: <stdout>: closed before all output was written (broken pipe)", file=sys.stderr)
+        return 2
+    except errors as e:
+        print(f"{prog}: error: {first_line(e)}", file=sys.stderr)
+        return 2
+    except UnicodeDecodeError as e:
+        print(f"{prog}: error: input is not UTF-8 ({first_line(e)})", file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(f"{prog}: error: {e.filename or ''}: {e.strerror or first_line(e)}", file=sys.stderr)
+        return 2
