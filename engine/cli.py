@@ -37,6 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--time-scale", type=float, default=1.0, help="multiply arrival times (0.5: twice as fast)")
     run.add_argument("--max-requests", type=int, default=None, help="stop after this many requests")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
+    run.add_argument("--backend", choices=("stepscope", "vllm"), default="stepscope",
+                     help="stepscope's engine, or real vLLM recorded by its own scheduler (the vllm extra)")
     EngineArgs.add_cli_args(run.add_argument_group("engine"))
     return p
 

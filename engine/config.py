@@ -118,6 +118,8 @@ class EngineArgs:
     enable_chunked_prefill: bool = same_option(SchedulerConfig, "enable_chunked_prefill")
     long_prefill_token_threshold: int = same_option(SchedulerConfig, "long_prefill_token_threshold")
     scheduling_policy: str = same_option(SchedulerConfig, "policy")
+    async_scheduling: bool | None = same_option(SchedulerConfig, "async_scheduling", default=None)
+    scheduler_reserve_full_isl: bool = same_option(SchedulerConfig, "scheduler_reserve_full_isl")
     attention_backend: str = option("auto", "attention kernels", choices=ATTENTION_BACKENDS)
     enforce_eager: bool = option(False, "no CUDA graphs")
     num_threads: int | None = option(None, "torch CPU threads (default: all cores but one)")
@@ -141,8 +143,10 @@ class EngineArgs:
             check_choice(getattr(self, fl.dest), fl)
         device = resolve_device(self.device)
         model_config = self._model_config(device)
-        scheduler_config = SchedulerConfig(**{**self._config_kwargs(SchedulerConfig),
-                                              "max_model_len": model_config.max_model_len})
+        sched_kw = self._config_kwargs(SchedulerConfig)
+        if sched_kw["async_scheduling"] is None:
+            sched_kw["async_scheduling"] = device.startswith("cuda")  # vLLM's default: on where the platform allows it
+        scheduler_config = SchedulerConfig(**{**sched_kw, "max_model_len": model_config.max_model_len})
         cache_config = CacheConfig(**self._config_kwargs(CacheConfig))
         if self.num_threads is not None and self.num_threads < 1:
             raise ValueError(f"num_threads: must be >= 1, got {self.num_threads}")

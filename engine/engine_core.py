@@ -1,5 +1,6 @@
 """EngineCore: the backend loop. Start-up loads the model and sizes the KV cache ("Prepare model");
-each `step` is schedule -> execute -> sample -> update, on the shared engine.core scheduler."""
+each `step` is engine.core's StepCycle (schedule -> execute -> sample -> update -> record) over the
+executor, the same cycle the simulator runs over its cost models."""
 from __future__ import annotations
 
 import contextlib
@@ -10,11 +11,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from engine.config import DEFAULT_CPU_KV_CACHE_MEMORY, EngineConfig
-from engine.core.outputs import EngineCoreOutput, EngineCoreOutputs
+from engine.core.outputs import EngineCoreOutputs
 from engine.core.request import Request, RequestStatus
 from engine.core.sampling_params import SamplingParams
-from engine.core.sched_output import SchedulerOutput
-from engine.core.scheduler import Scheduler
+from engine.core.async_scheduler import make_scheduler
+from engine.core.step_cycle import DeferredRunner, StepCycle
 from engine.executor import UniProcExecutor
 
 logger = logging.getLogger("stepscope")
@@ -57,9 +58,11 @@ class EngineCore:
             self.executor = UniProcExecutor(config)
         self.kv_report = self._initialize_kv_caches()
         config.cache_config.num_gpu_blocks = self.kv_report.num_blocks
-        self.scheduler = Scheduler(config.scheduler_config, config.cache_config, clock)
-        self.num_steps = 0
-        self.num_preemptions = 0
+        sc = config.scheduler_config
+        self.scheduler = make_scheduler(sc, config.cache_config, clock)
+        # Async scheduling: vLLM's batch queue of two, the model runs each batch once its inputs are known.
+        runner = DeferredRunner(self.executor) if sc.async_scheduling else self.executor
+        self.cycle = StepCycle(self.scheduler, runner, clock, batch_queue_size=2 if sc.async_scheduling else 1)
         self.trace = None
 
     @contextlib.contextmanager
@@ -126,15 +129,14 @@ class EngineCore:
         self.trace = EngineTrace(trace_dir, meta, self.scheduler, self.t0, self.config.model_config.model,
                                  otlp_endpoint)
         self.trace.spans.prepare_model(self.startup_phases)
+        self.cycle.recorder = self.trace
         self.executor.collective_rpc("set_sync_timing", True)
 
     def add_request(self, request: EngineCoreRequest) -> None:
         req = Request(request.request_id, request.prompt_token_ids, request.sampling_params,
                       eos_token_id=request.eos_token_id, arrival_time=request.arrival_time,
                       priority=request.priority, cache_salt=request.cache_salt)
-        self.scheduler.add_request(req)
-        if self.trace is not None:
-            self.trace.on_add(req)
+        self.cycle.add_request(req)
 
     def record_rejection(self, request_id: str, prompt_token_ids: list[int], arrival_time: float,
                          reason: str) -> None:
@@ -155,69 +157,25 @@ class EngineCore:
         self.trace.on_abort(self.scheduler.finish_requests(request_ids, status, stop_reason))
 
     def has_work(self) -> bool:
-        return self.scheduler.has_unfinished_requests() or self.scheduler.has_pending_outputs()
+        return self.cycle.has_work() or bool(self.cycle.in_flight)
+
+    @property
+    def num_steps(self) -> int:
+        return self.cycle.num_steps
+
+    @property
+    def num_preemptions(self) -> int:
+        return self.cycle.num_preemptions
 
     def step(self) -> EngineCoreOutputs:
         """One engine step; returns the tokens and finishes it produced."""
-        if not self.has_work():
-            return EngineCoreOutputs()
-        if self.trace is not None:
-            return self._traced_step()
-        scheduler_output = self.scheduler.schedule()
-        self.num_steps += 1
-        self.num_preemptions += len(scheduler_output.preempted_req_ids)
-        try:
-            self.executor.execute_model(scheduler_output)
-            runner_output = self.executor.sample_tokens()
-        except Exception as e:
-            return self._fail_step(scheduler_output, e)
-        return self.scheduler.update_from_output(scheduler_output, runner_output)
-
-    def _fail_step(self, scheduler_output: SchedulerOutput, error: Exception) -> EngineCoreOutputs:
-        """The forward or sampling raised: end exactly this step's requests with the error (their blocks
-        freed, their advanced progress gone with them) so every other request keeps being served."""
-        scheduler = self.scheduler
-        message = f"{type(error).__name__}: {error}"
-        ids = [rid for rid in scheduler_output.num_scheduled_tokens if rid in scheduler.requests]
-        logger.error("step %d failed, ending its %d request(s): %s", self.num_steps, len(ids), message)
-        for rid in ids:
-            scheduler.requests[rid].error = message
-        freed = scheduler.finish_requests(ids, RequestStatus.FINISHED_ERROR)
-        # The runner may have raised before dropping the requests that finished last step: tell it again.
-        scheduler.finished_req_ids |= scheduler_output.finished_req_ids
-        if self.trace is not None:
-            self.trace.on_abort(freed)
-        outputs = [EngineCoreOutput(rid, [], "error", message, freed_block_ids=blocks) for rid, blocks in freed.items()]
-        return EngineCoreOutputs(outputs, scheduler.make_stats())
-
-    def _traced_step(self) -> EngineCoreOutputs:
-        """The same step with five timestamps taken; rows and spans are built from them afterwards."""
-        clock = self.clock
-        t_sched = clock()
-        scheduler_output = self.scheduler.schedule()
-        t_exec = clock()
-        try:
-            self.executor.execute_model(scheduler_output)
-            t_sample = clock()
-            runner_output = self.executor.sample_tokens()
-        except Exception as e:
-            t_fail = clock()
-            self.num_steps += 1
-            self.trace.on_step(scheduler_output, EngineCoreOutputs([], self.scheduler.make_stats()),
-                               (t_sched, t_exec, t_fail, t_fail, t_fail))
-            return self._fail_step(scheduler_output, e)
-        t_update = clock()
-        outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
-        t_end = clock()
-        self.num_steps += 1
-        self.num_preemptions += len(scheduler_output.preempted_req_ids)
-        self.trace.on_step(scheduler_output, outputs, (t_sched, t_exec, t_sample, t_update, t_end))
-        return outputs
+        return self.cycle.step()
 
     def shutdown(self, **final_meta) -> None:
         if self.trace is not None:
             self.trace.close(**final_meta)
             self.trace = None
+            self.cycle.recorder = None
 
     def reset_prefix_cache(self) -> bool:
         return self.scheduler.reset_prefix_cache()

@@ -68,6 +68,10 @@ def main_run(args) -> int:
         raise ValueError(f"--max-requests: must be >= 1, got {args.max_requests}")
     workload_path = Path(args.workload) if args.workload else DEFAULT_WORKLOAD
     workload = load_workload(workload_path)
+    if getattr(args, "backend", "stepscope") == "vllm":
+        from engine.vllm_backend.runner import main_run_vllm
+
+        return main_run_vllm(args, workload)
     from engine.llm_engine import LLMEngine  # after the cheap checks: it loads torch and transformers
 
     engine_args = EngineArgs.from_cli_args(args)

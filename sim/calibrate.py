@@ -1,15 +1,20 @@
 """`sim calibrate TRACE_DIR... -o PROFILE.json`: fit the calibrated cost model to engine traces.
 
 Each step's batch is rebuilt from the trace's decisions (the numbers the scheduler handed the model
-runner) and paired with the step's measured `end - start`, the span the simulator advances its clock by.
+runner) and paired with what the step measurably cost, part by part (sim.cost_models.parts): `execute`
+(the model), the host phases around it (`end - start - execute`), and the gap before the next step
+while the engine had work. Every part gets a mean law in the batch shape and every step is kept: the
+scatter around the laws becomes the residual table the simulator samples from.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,21 +22,21 @@ import numpy as np
 import pandas as pd
 
 from sim.batch import StepBatch
-from sim.cost_models.calibrated import (COEFFICIENTS, PROFILE_FORMAT_VERSION, PROFILE_KIND, design_matrix,
-                                        device_label, error_stats, fit_nnls, model_label, trace_identity)
+from sim.cost_models.calibrated import (PROFILE_FORMAT_VERSION, PROFILE_KIND, device_label, model_label,
+                                        trace_identity)
+from sim.cost_models.parts import PART_TERMS, PARTS, TERM_UNITS, batch_range, part_matrix
+from sim.cost_models.residuals import residual_table
 from sim.cost_models.roofline import DTYPE_BYTES, effective_from_coefficients, model_shape
+from sim.fit import fit_mean_law, part_stats, ratios
 from traces import Trace, load
 
-_WHAT = {"c0": "step", "c_p": "prefill token", "c_d": "decode token", "c_ctx": "context token",
-         "c_attn": "prefill attention pair", "c_seq": "sequence"}
 
-
-def batches_from_trace(trace: Trace) -> list[tuple[StepBatch, float]]:
-    """(batch, end - start) for every step of `trace` that scheduled tokens, in step order."""
+def _step_table(trace: Trace) -> pd.DataFrame:
+    """Per step that scheduled tokens: batch columns, and the measured device / host / gap seconds."""
     d = trace.decisions
     d = d[(d["event"] == "schedule") & (d["num_tokens"] > 0)]
     if not len(d) or not len(trace.steps):
-        return []
+        return pd.DataFrame()
     n = d["num_tokens"].to_numpy(dtype=np.int64)
     c = pd.to_numeric(d["num_computed_tokens"]).fillna(0).to_numpy(dtype=np.int64)
     dec = (d["phase"] == "decode").to_numpy()
@@ -40,20 +45,80 @@ def batches_from_trace(trace: Trace) -> list[tuple[StepBatch, float]]:
         "ps": (~dec).astype(np.int64), "ds": dec.astype(np.int64), "ctx": c + n,
         "attn": np.where(dec, 0.0, n * (c + (n + 1) / 2))})
     agg = per_row.groupby("step").sum()
-    steps = trace.steps.set_index("step")
-    agg = agg.join((steps["end"] - steps["start"]).rename("dur"), how="inner")
-    return [(StepBatch(int(r.pt), int(r.dt), int(r.ps), int(r.ds), int(r.ctx), float(r.attn)), float(r.dur))
-            for r in agg.itertuples()]
+    s = trace.steps.sort_values("step").set_index("step")
+    dur = (s["end"] - s["start"]).clip(lower=0)
+    execute = s["execute_time"].fillna(0).clip(lower=0) if "execute_time" in s else dur * 0
+    split = bool((execute > 0).any())
+    # The gap counts only while the engine had work left: after an idle step it is waiting for arrivals.
+    busy = ((s["num_running"] + s["num_waiting"]) > 0) & s["start"].shift(-1).notna()
+    gap = (s["start"].shift(-1) - s["end"]).where(busy, 0.0).clip(lower=0).fillna(0.0)
+    parts = pd.DataFrame({"dur": dur, "device": execute if split else dur,
+                          "host": (dur - execute).clip(lower=0) if split else dur * 0, "gap": gap, "busy": busy})
+    return agg.join(parts, how="inner")
 
 
-def _stack(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
-    return np.vstack([x for x, _ in parts]), np.concatenate([y for _, y in parts])
+def _batches(table: pd.DataFrame) -> list[StepBatch]:
+    return [StepBatch(int(r.pt), int(r.dt), int(r.ps), int(r.ds), int(r.ctx), float(r.attn))
+            for r in table.itertuples()]
+
+
+def batches_from_trace(trace: Trace) -> list[tuple[StepBatch, float]]:
+    """(batch, end - start) for every step of `trace` that scheduled tokens, in step order."""
+    table = _step_table(trace)
+    return list(zip(_batches(table), table["dur"].astype(float))) if len(table) else []
+
+
+@dataclass(slots=True)
+class StepSamples:
+    """One trace's steps: batches and the measured seconds of each part (gap 0 where not measured)."""
+
+    path: str
+    batches: list[StepBatch]
+    y: dict[str, np.ndarray]
+
+    @classmethod
+    def of(cls, trace: Trace) -> StepSamples:
+        table = _step_table(trace)
+        if not len(table):
+            raise ValueError(f"{trace.path}: no steps that scheduled tokens, nothing to calibrate on")
+        return cls(str(trace.path), _batches(table), {p: table[p].to_numpy(dtype=float) for p in PARTS})
+
+
+def _fit(samples: list[StepSamples]) -> dict[str, dict[str, Any]]:
+    """Per part: the mean law's coefficients and total measured / total predicted (all steps; ~1)."""
+    batches = [b for s in samples for b in s.batches]
+    out = {}
+    for part in PARTS:
+        x, y = part_matrix(part, batches), np.concatenate([s.y[part] for s in samples])
+        coef = fit_mean_law(x, y)
+        pred = x @ coef
+        measured = (y > 0) & (pred > 0)
+        out[part] = {"coefficients": {k: float(v) for k, v in zip(PART_TERMS[part], coef)},
+                     "mean_ratio": float(y[measured].sum() / pred[measured].sum()) if measured.any() else 1.0}
+    return out
+
+
+def _predict(laws: dict[str, dict[str, Any]], part: str, batches: list[StepBatch]) -> np.ndarray:
+    law = laws[part]
+    coef = np.array([law["coefficients"][k] for k in PART_TERMS[part]])
+    return part_matrix(part, batches) @ coef * law["mean_ratio"]
+
+
+def _stats(laws: dict[str, dict[str, Any]], samples: list[StepSamples]) -> dict[str, Any]:
+    """Error of the deterministic model (law x mean ratio) per part and on the whole step cycle."""
+    batches = [b for s in samples for b in s.batches]
+    ys = {p: np.concatenate([s.y[p] for s in samples]) for p in PARTS}
+    preds = {p: _predict(laws, p, batches) for p in PARTS}
+    out = {p: part_stats(ys[p], preds[p]) for p in PARTS}
+    gap_pred = np.where(ys["gap"] > 0, preds["gap"], 0.0)  # no gap is paid before an idle wait
+    out["cycle"] = part_stats(ys["device"] + ys["host"] + ys["gap"], preds["device"] + preds["host"] + gap_pred)
+    return out
 
 
 def _identity_warnings(traces: list[Trace], idents: list[dict[str, Any]]) -> list[str]:
     out = []
     for t, ident in zip(traces, idents):
-        if t.source != "engine":
+        if t.source not in ("engine", "vllm"):  # vllm: a measured run of real vLLM (engine.vllm_backend)
             out.append(f"{t.path}: source is {t.source!r}, not a measured engine run")
         for label in (model_label, device_label):
             if label(ident) != label(idents[0]):
@@ -64,40 +129,34 @@ def _identity_warnings(traces: list[Trace], idents: list[dict[str, Any]]) -> lis
 
 def calibrate(traces: list[Trace]) -> tuple[dict[str, Any], list[str]]:
     """The PROFILE.json content fitted on `traces`, and warnings worth showing the user."""
-    parts = []
-    for t in traces:
-        pairs = batches_from_trace(t)
-        if not pairs:
-            raise ValueError(f"{t.path}: no steps that scheduled tokens, nothing to calibrate on")
-        parts.append((design_matrix([b for b, _ in pairs]), np.array([s for _, s in pairs])))
-    x, y = _stack(parts)
-    coef, keep = fit_nnls(x, y)
-    pred = x @ coef
-    fit = {**error_stats(y[keep], pred[keep]), "num_outliers": int((~keep).sum()),
-           "all_steps_mape": error_stats(y, pred)["mape"]}
+    samples = [StepSamples.of(t) for t in traces]
+    laws = _fit(samples)
     loto = []
-    for i, t in enumerate(traces if len(traces) > 1 else []):
-        held_x, held_y = parts[i]
-        c, _ = fit_nnls(*_stack(parts[:i] + parts[i + 1:]))
-        loto.append({"trace": str(t.path), **error_stats(held_y, held_x @ c)})
+    for i, s in enumerate(samples if len(samples) > 1 else []):
+        held = _stats(_fit(samples[:i] + samples[i + 1:]), [s])
+        loto.append({"trace": s.path, **held["device"], "parts": held})
+    batches = [b for s in samples for b in s.batches]
+    table = np.column_stack([ratios(np.concatenate([s.y[p] for s in samples]),
+                                    _predict(laws, p, batches) / laws[p]["mean_ratio"]) for p in PARTS])
     idents = [trace_identity(t.meta) for t in traces]
     warns = _identity_warnings(traces, idents)
-    warns += [f"no step has {_WHAT[k]}s: {k} fixed at 0" for k, col in zip(COEFFICIENTS, x.T) if not col.any()]
-    if fit["num_outliers"] > 0.1 * len(y):
-        warns.append(f"{fit['num_outliers']} of {len(y)} steps lie beyond 3 MAD of the fit and were dropped: "
-                     f"the law describes these traces poorly")
-    coefficients = {k: float(v) for k, v in zip(COEFFICIENTS, coef)}
+    x = part_matrix("device", batches)
+    warns += [f"no step has {TERM_UNITS[k]}s: {k} fixed at 0" for k, col in zip(PART_TERMS["device"], x.T)
+              if not col.any()]
+    stats = _stats(laws, samples)
+    coefficients = laws["device"]["coefficients"]
     ident = idents[0]
     profile = {
         "kind": PROFILE_KIND, "format_version": PROFILE_FORMAT_VERSION, "cost_model": "calibrated",
         "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "model": ident["model"], "device": ident["device"], "kv_cache": ident["kv_cache"],
-        "coefficients": coefficients, "fit": fit, "leave_one_trace_out": loto,
-        # How measured steps scatter around the law (all steps, outliers too: real runs have them).
-        "residual_quantiles": [float(q) for q in np.quantile(y / np.maximum(pred, 1e-12), np.linspace(0, 1, 101))],
+        "coefficients": coefficients, "parts": laws,
+        "fit": {**stats["device"], "parts": stats}, "leave_one_trace_out": loto,
+        "residuals": residual_table(table, [len(s.batches) for s in samples]),
+        "fitted_range": batch_range(batches),
         "effective": _effective(coefficients, ident["model"]),
-        "traces": [{"path": str(t.path), "source": t.source, "complete": t.complete, "num_steps": int(len(p[1])),
-                    "model": model_label(i), "device": device_label(i)} for t, p, i in zip(traces, parts, idents)],
+        "traces": [{"path": str(t.path), "source": t.source, "complete": t.complete, "num_steps": len(s.batches),
+                    "model": model_label(i), "device": device_label(i)} for t, s, i in zip(traces, samples, idents)],
     }
     return profile, warns
 
@@ -120,19 +179,36 @@ def _seconds(v: float) -> str:
     return f"{v / 1e-12:.3g} ps" if v else "0"
 
 
+def _err(st: dict[str, Any]) -> str:
+    if not st.get("num_steps"):
+        return "not measured"
+    return f"MAPE {st['mape']:.2f}%, R2 {st['r2']:.4f}"
+
+
 def report_lines(profile: dict[str, Any], output: str | None = None) -> list[str]:
-    """What `sim calibrate` prints: data, fit error, held-out error, coefficients, effective peaks."""
+    """What `sim calibrate` prints: data, fit error per part, held-out error, laws, residual model."""
     fit, ident = profile["fit"], {"model": profile["model"], "device": profile["device"]}
-    lines = [f"calibrated on {len(profile['traces'])} trace(s), {fit['num_steps']} steps "
-             f"({fit['num_outliers']} outliers beyond 3 MAD dropped): {model_label(ident)} on {device_label(ident)}",
-             f"fit error: MAPE {fit['mape']:.2f}%, R2 {fit['r2']:.4f}, |error| p50 {fit['p50_abs_pct']:.2f}%, "
-             f"p90 {fit['p90_abs_pct']:.2f}% (all steps: MAPE {fit['all_steps_mape']:.2f}%)"]
-    loto = profile["leave_one_trace_out"]
-    if loto:
-        each = ", ".join(f"{Path(r['trace']).name} {r['mape']:.2f}%" for r in loto)
-        lines.append(f"leave-one-trace-out: MAPE {np.mean([r['mape'] for r in loto]):.2f}% ({each})")
-    coef = profile["coefficients"]
-    lines.append("coefficients: " + ", ".join(f"{k} {_seconds(coef[k])}/{_WHAT[k]}" for k in COEFFICIENTS))
+    parts = fit["parts"]
+    lines = [f"calibrated on {len(profile['traces'])} trace(s), {fit['num_steps']} steps, none dropped: "
+             f"{model_label(ident)} on {device_label(ident)}"]
+    for part in (*PARTS, "cycle"):
+        st = parts[part]
+        line = f"fit error {part}: {_err(st)}"
+        if st.get("num_steps"):
+            line += f", |error| p50 {st['p50_abs_pct']:.2f}%, p90 {st['p90_abs_pct']:.2f}% over {st['num_steps']} steps"
+        lines.append(line)
+    for r in profile["leave_one_trace_out"]:
+        each = "; ".join(f"{p} {_err(r['parts'][p])}" for p in (*PARTS, "cycle"))
+        lines.append(f"leave-one-trace-out {'/'.join(Path(r['trace']).parts[-2:])}: {each}")
+    for part in PARTS:
+        law = profile["parts"][part]
+        terms = ", ".join(f"{k} {_seconds(v)}/{TERM_UNITS[k]}" for k, v in law["coefficients"].items())
+        lines.append(f"law {part}: {terms}; total measured/law {law['mean_ratio']:.3f}")
+    res = profile["residuals"]
+    dev = np.asarray(res["ratios"], dtype=float)[:, 0]
+    lines.append(f"residuals: all {len(dev)} steps kept as a table sampled in blocks of {res['block_steps']} steps "
+                 f"(device measured/law p5 {np.percentile(dev, 5):.2f}, p50 {np.percentile(dev, 50):.2f}, "
+                 f"p95 {np.percentile(dev, 95):.2f}, max {dev.max():.2f})")
     eff = profile.get("effective")
     if eff and "error" not in eff:
         lines.append(f"effective: {eff['flops'] / 1e9:.3g} GFLOP/s (from {eff['flops_from']}), "
@@ -140,8 +216,6 @@ def report_lines(profile: dict[str, Any], output: str | None = None) -> list[str
     if output:
         lines.append(f"wrote {output}")
     return lines
-
-
 class _ArgError(Exception):
     pass
 
@@ -187,6 +261,9 @@ def main_calibrate(argv: list[str] | None = None) -> int:
         return 2
     for w in warns + fit_warns:
         print(f"sim calibrate: warning: {w}", file=sys.stderr)
-    for line in report_lines(profile, str(out)):
-        print(line)
+    try:
+        for line in report_lines(profile, str(out)):
+            print(line)
+    except BrokenPipeError:  # `sim calibrate ... | head`: the reader went away, the profile is written
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0

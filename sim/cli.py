@@ -32,7 +32,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default: recorded for a trace, roofline for a workload)")
     r.add_argument("--profile", default=None, metavar="PROFILE.json", help="for calibrated (or roofline on cpu)")
     r.add_argument("--step-noise", action="store_true",
-                   help="calibrated: scale each step by the measured scatter of step times (reproducible tails)")
+                   help="calibrated: one replay with measured residuals drawn in blocks, seeded by --seed")
+    r.add_argument("--samples", type=int, default=None, metavar="N",
+                   help="calibrated: also rerun N seeded replays with sampled residuals; metrics as median [p5-p95]")
     r.add_argument("--model", default=None, help=f"model preset for roofline (default: the trace's model, "
                    f"else {DEFAULT_ROOFLINE_MODEL})")
     r.add_argument("--hardware", default=None, help=f"h100 | h200 | a100 | l4 | ... (default {DEFAULT_HARDWARE})")
@@ -45,11 +47,12 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--plots", default=None, metavar="DIR", help="write latency CDF / throughput / queue / KV PNGs")
     r.add_argument("--json", action="store_true", help="print the summary as JSON")
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
-    add_engine_flags(r)
+    add_engine_flags(r, "replay")
     c = sub.add_parser("compare", help="fidelity report of trace B against trace A")
     c.add_argument("trace_a", metavar="TRACE_DIR_A")
     c.add_argument("trace_b", metavar="TRACE_DIR_B")
     c.add_argument("--json", action="store_true", help="machine-readable report")
+    c.add_argument("--plots", default=None, metavar="DIR", help="write QQ plots of TTFT and ITL (B against A)")
     sub.add_parser("calibrate", help="fit a cost model from engine traces (sim calibrate -h)", add_help=False)
     sub.add_parser("plan", help="capacity planning under SLOs (sim plan -h)", add_help=False).add_argument(
         "rest", nargs=argparse.REMAINDER)
@@ -108,6 +111,11 @@ def build_configs(args: argparse.Namespace, source: Any, cost_model: Any) -> tup
 def _check_flags(args: argparse.Namespace) -> None:
     if not args.time_scale > 0:
         raise ValueError(f"--time-scale: must be > 0, got {args.time_scale}")
+    if args.samples is not None and args.samples < 1:
+        raise ValueError(f"--samples: must be >= 1, got {args.samples}")
+    if (args.samples or args.step_noise) and (args.cost_model or "") in ("recorded", "roofline", ""):
+        raise ValueError("--samples/--step-noise: need a calibrated cost model (--cost-model PROFILE.json), "
+                         "the only one with a measured residual distribution")
     for flag, value, low in (("--max-requests", args.max_requests, 1), ("--num-gpu-blocks", args.num_gpu_blocks, 2),
                              ("--vocab-size", args.vocab_size, 4)):
         if value is not None and value < low:
@@ -116,15 +124,15 @@ def _check_flags(args: argparse.Namespace) -> None:
         raise ValueError(f"{args.source}: no such workload file or trace directory")
 
 
-def replay(args: argparse.Namespace) -> int:
+def _simulate(args: argparse.Namespace, trace_dir: str, residual_seed: int | None = None,
+              progress: bool = False, announce: bool = False) -> tuple[Any, Any]:
+    """One replay of `args.source` into `trace_dir`: (SimResult, cost model); `announce` prints first
+    what is simulated."""
     from sim.cost_models import get_cost_model
     from sim.loop import Simulator
-    from sim.report import format_sim_summary, load_for_summary, parse_slo, sim_summary, write_plots
     from sim.sources import open_source
     from traces.describe import describe_replay
 
-    _check_flags(args)
-    slos = parse_slo(args.slo) if args.slo is not None else None
     is_trace = Path(args.source).is_dir()
     name = args.cost_model or ("recorded" if is_trace else "roofline")
     exact = name == "recorded" and args.time_scale == 1.0
@@ -135,20 +143,36 @@ def replay(args: argparse.Namespace) -> int:
     model = args.model or source.model.get("hf_config") or DEFAULT_ROOFLINE_MODEL
     hardware = args.hardware or DEFAULT_HARDWARE
     cost_model = get_cost_model(name, source.trace, model=model, hardware=hardware, profile=args.profile,
-                                step_noise=args.step_noise)
+                                residual_seed=residual_seed)
     sched, cache, how = build_configs(args, source, cost_model)
-    trace_dir = args.trace or default_trace_dir(source.path)
     model_meta, simulated_hardware = _simulated_model(name, source, model, hardware, cost_model.describe())
     meta = {"config": {"model": model_meta}, "workload": source.meta,
             "device": {"type": "sim", "hardware": simulated_hardware},
             "kv_cache": {"num_blocks": cache.num_gpu_blocks, "block_size": cache.block_size, "how": how}}
-    if not args.json:
+    if announce:
         print(describe_replay(source.path, source.num_requests, meta, cost_model.describe(), sched, cache))
     sim = Simulator(sched, cache, cost_model, trace_dir, meta, seed=args.seed or 0, vocab_size=args.vocab_size,
                     follow_recorded=exact)
-    result = sim.run(source.requests, source.external_finishes, source.num_requests, progress=not args.no_progress)
+    return sim.run(source.requests, source.external_finishes, source.num_requests, progress=progress), cost_model
+
+
+def replay(args: argparse.Namespace) -> int:
+    from sim.report import format_sim_summary, load_for_summary, parse_slo, sim_summary, write_plots
+
+    _check_flags(args)
+    slos = parse_slo(args.slo) if args.slo is not None else None
+    trace_dir = args.trace or default_trace_dir(Path(args.source))
+    seed = (args.seed or 0) if args.step_noise else None
+    result, cost_model = _simulate(args, trace_dir, seed, progress=not args.no_progress, announce=not args.json)
     trace = load_for_summary(trace_dir)
     summary = sim_summary(trace, slos)
+    warn = getattr(cost_model, "range_warning", lambda: None)()
+    if warn:
+        print(f"sim replay: warning: {' '.join(warn.split())}", file=sys.stderr)
+    if args.samples:
+        from sim.samples import sample_replays
+
+        summary["samples"] = sample_replays(args.samples, lambda s, d: _simulate(args, d, s), slos)
     if args.json:
         print(_json({"trace": args.trace, "steps": result.num_steps, "sim_time_s": result.sim_time,
                      "wall_time_s": result.wall_time, **summary}))
@@ -156,6 +180,10 @@ def replay(args: argparse.Namespace) -> int:
         print(f"cost model: {cost_model.name}; {result.num_steps} steps simulated in {result.wall_time:.2f} s "
               f"({result.num_steps / max(result.wall_time, 1e-9):.0f} steps/s)")
         print(format_sim_summary(summary))
+        if args.samples:
+            from sim.samples import format_samples
+
+            print(format_samples(summary["samples"]))
     if args.plots:
         paths = write_plots(trace, args.plots)
         if not args.json:
@@ -195,8 +223,15 @@ def compare(args: argparse.Namespace) -> int:
     import traces
     from sim.compare import compare_traces, format_report
 
-    report = compare_traces(traces.load(args.trace_a), traces.load(args.trace_b))
+    a, b = traces.load(args.trace_a), traces.load(args.trace_b)
+    report = compare_traces(a, b)
     print(_json(report) if args.json else format_report(report))
+    if args.plots:
+        from sim.compare_plots import write_qq_plots
+
+        paths = write_qq_plots(a, b, args.plots)
+        if not args.json:
+            print(f"plots: {', '.join(str(p) for p in paths)}")
     return 0
 
 

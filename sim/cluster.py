@@ -24,12 +24,13 @@ from typing import Any
 
 import pandas as pd
 
+from engine.core.async_scheduler import make_scheduler
 from engine.core.config import CacheConfig, SchedulerConfig
 from engine.core.request import Request
-from engine.core.scheduler import Scheduler
+from engine.core.step_cycle import StepCycle
 from sim.batch import batch_from_output
 from sim.cost_models.base import CostModel
-from sim.loop import SimulationError, _fewer_collections
+from sim.loop import CycleRecorder, SimulationError, _fewer_collections
 from sim.routers import Router, make_router
 from sim.runner import FakeModelRunner
 from sim.sources import SimRequest, make_request
@@ -67,8 +68,9 @@ class Replica:
                  cache_config: CacheConfig, seed: int, vocab_size: int) -> None:
         self.index = index
         self.cluster = cluster
-        self.scheduler = Scheduler(scheduler_config, cache_config, clock=cluster.clock)
-        self.runner = FakeModelRunner(seed, vocab_size)
+        self.scheduler = make_scheduler(scheduler_config, cache_config, clock=cluster.clock)
+        self.runner = FakeModelRunner(seed, vocab_size, self.scheduler.requests)
+        self.cycle = StepCycle(self.scheduler, self.runner, cluster.clock)
         self.pool_map = self.scheduler.kv_cache_manager.block_pool.cached_block_hash_to_block
         self.inbox: list[tuple[Request, SimRequest]] = []
         self.added: list[Request] = []
@@ -77,7 +79,6 @@ class Replica:
         self.busy = False
         self.stalled = False
         self.num_steps = 0
-        self._step: tuple[Any, Any, float, float] | None = None
 
     # ---- what a router reads ----
     @property
@@ -104,41 +105,32 @@ class Replica:
         return bool(self.inbox) or bool(s.running) or bool(s.waiting) or s.has_pending_outputs()
 
     def start_step(self, now: float) -> float | None:
-        """Add the inbox, schedule one step and run the fake model; returns when the step ends (None: idle)."""
-        sched, runner = self.scheduler, self.runner
+        """Add the inbox, schedule one step and launch it; returns when the step ends (None: idle)."""
+        cycle, runner, cluster = self.cycle, self.runner, self.cluster
         for req, sim_req in self.inbox:
             runner.register(req.request_id, sim_req.output_token_ids)
-            sched.add_request(req)
-            if self.recorder is not None:
-                self.recorder.on_add(req)
+            cycle.add_request(req)
             if req.is_finished():
                 runner.forget(req.request_id)
             self.added.append(req)
-            if self.cluster.watch is not None:
+            if cluster.watch is not None:
                 if req.is_finished():
-                    self.cluster.stopped |= bool(self.cluster.watch(req))
+                    cluster.stopped |= bool(cluster.watch(req))
                 else:
                     self.live[req.request_id] = req
         self.inbox.clear()
-        if not (sched.running or sched.waiting or sched.has_pending_outputs()):
+        if not cycle.has_work():
             return None
-        so = sched.schedule()
-        duration = self.cluster.cost_model.step_time(batch_from_output(so), self.num_steps)
-        runner_output = runner.execute(so, sched.requests)
-        end = now + duration
-        self._step = (so, runner_output, now, duration)
+        so = cycle.begin()
         self.busy = True
-        return end
+        return now + cluster.cost_model.step_time(batch_from_output(so), self.num_steps)
 
     def finish_step(self) -> None:
         """The step's end: apply its outputs, record it, and notice a replica that can never progress."""
-        so, runner_output, start, duration = self._step
-        self._step, self.busy = None, False
-        sched = self.scheduler
-        outputs = sched.update_from_output(so, runner_output)
+        self.busy = False
         if self.recorder is not None:
             self.recorder.step = self.cluster.num_steps
-            self.recorder.on_step(so, outputs, start, start + duration, 0.0, duration, 0.0)
+        so, outputs = self.cycle.finish()
         self.cluster.num_steps += 1
         self.num_steps += 1
         forget, finished, watch = self.runner.forget, False, self.cluster.watch
@@ -149,7 +141,7 @@ class Replica:
                 req = self.live.pop(out.request_id, None)  # a rejected request was watched when added
                 if watch is not None and req is not None and watch(req):
                     self.cluster.stopped = True
-        if not finished and not (so.total_num_scheduled_tokens or sched.running or outputs.outputs
+        if not finished and not (so.total_num_scheduled_tokens or self.scheduler.running or outputs.outputs
                                  or so.preempted_req_ids):
             self.stalled = True
 
@@ -194,6 +186,7 @@ class Cluster:
                 # Cluster-wide step numbers would make per-replica snapshots land at random steps: keep only step 0's.
                 r.recorder = TraceRecorder(_ReplicaWriter(self.writer, r.index), r.scheduler,
                                            snapshot_every=1 << 62)
+                r.cycle.recorder = CycleRecorder(r.recorder)
 
     def clock(self) -> float:
         return self.now

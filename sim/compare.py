@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from sim.attribution import attribute, format_attribution
 from traces.summary import summarize
 
 _NUM = ("num_tokens", "num_computed_tokens", "prefix_hit_tokens")
@@ -139,6 +140,7 @@ def compare_traces(a: Any, b: Any) -> dict[str, Any]:
         "first_divergent_step": first,
         "divergence": explain_step(da, db, first) if first is not None else [],
         "metrics": metrics, "step_time_mape": mape, "steps_aligned": k,
+        "attribution": attribute(a, b, same),
     }
 
 
@@ -167,4 +169,6 @@ def format_report(r: dict[str, Any]) -> str:
     mape = r["step_time_mape"]
     lines.append(f"step time MAPE: {'n/a' if mape is None else f'{mape * 100:.2f}%'} over {r['steps_aligned']} "
                  "steps aligned by index")
+    if r.get("attribution"):
+        lines.extend(format_attribution(r["attribution"]))
     return "\n".join(lines)

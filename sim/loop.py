@@ -15,15 +15,19 @@ from __future__ import annotations
 
 import gc
 import time
+from collections import deque
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from engine.core.async_scheduler import make_scheduler
 from engine.core.config import CacheConfig, SchedulerConfig
+from engine.core.outputs import EngineCoreOutputs
 from engine.core.request import Request, RequestStatus
-from engine.core.scheduler import Scheduler
+from engine.core.sched_output import SchedulerOutput
+from engine.core.step_cycle import StepCycle, StepTimes
 from sim.batch import batch_from_output
 from sim.cost_models.base import CostModel
 from sim.runner import FakeModelRunner
@@ -32,6 +36,31 @@ from traces.recorder import TraceRecorder
 from traces.writer import TraceWriter
 
 _FINISH_STATUS = {"stop": RequestStatus.FINISHED_STOPPED, "length": RequestStatus.FINISHED_LENGTH_CAPPED}
+
+
+class CycleRecorder:
+    """A TraceRecorder as the step cycle's recorder: the cycle's timestamps become the step's row,
+    split as the engine's trace splits them."""
+
+    def __init__(self, recorder: TraceRecorder, cost: CostModel | None = None) -> None:
+        self.recorder = recorder
+        self.cost = cost
+
+    def on_add(self, request: Request) -> None:
+        self.recorder.on_add(request)
+
+    def on_abort(self, freed: dict[str, list[int]]) -> list[Request]:
+        return self.recorder.on_abort(freed)
+
+    def on_step(self, so: SchedulerOutput, outputs: EngineCoreOutputs, times: StepTimes) -> list[Request]:
+        t_sched, t_exec, t_sample, t_update, t_end = times
+        # A cost model that splits its step (model time, host time) says so; the clock only sees the sum.
+        phases = getattr(self.cost, "last_phases", None)
+        if phases is None:
+            phases = (t_exec - t_sched, t_sample - t_exec, t_update - t_sample)
+        return self.recorder.on_step(so, outputs, t_sched, t_end, *phases)
+
+
 @contextmanager
 def _fewer_collections(threshold: int = 100_000):
     """The loop allocates millions of short-lived objects next to long-lived ones; the default GC
@@ -67,8 +96,8 @@ class Simulator:
                  snapshot_every: int | None = None) -> None:
         self.now = 0.0
         self.cost_model = cost_model
-        self.scheduler = Scheduler(scheduler_config, cache_config, clock=lambda: self.now)
-        self.runner = FakeModelRunner(seed, vocab_size)
+        self.scheduler = make_scheduler(scheduler_config, cache_config, clock=self.clock)
+        self.runner = FakeModelRunner(seed, vocab_size, self.scheduler.requests)
         self.step_start = getattr(cost_model, "step_start", None) if follow_recorded else None
         self.trace_dir = Path(trace_dir)
         full_meta = {"source": "sim", **(meta or {}),
@@ -80,14 +109,18 @@ class Simulator:
         # to the pool so they add at most half a row per step (the engine's 1024 is for small pools).
         every = snapshot_every or max(1024, 2 * cache_config.num_gpu_blocks)
         self.recorder = TraceRecorder(self.writer, self.scheduler, snapshot_every=every)
+        self.cycle = StepCycle(self.scheduler, self.runner, self.clock, CycleRecorder(self.recorder, cost_model),
+                               batch_queue_size=2 if scheduler_config.async_scheduling else 1)
         self.num_added = 0
+
+    def clock(self) -> float:
+        return self.now
 
     def add_request(self, r: SimRequest) -> Request:
         """Add a request as the engine does (see `make_request`), at the current simulated time."""
         req = make_request(r)
         self.runner.register(r.request_id, r.output_token_ids)
-        self.scheduler.add_request(req)
-        self.recorder.on_add(req)
+        self.cycle.add_request(req)
         if req.is_finished():
             self.runner.forget(r.request_id)
         self.num_added += 1
@@ -112,7 +145,10 @@ class Simulator:
         interrupted = False
         with _fewer_collections():
             try:
-                self._loop(iter(requests), external_finishes or {}, bar)
+                if self.cycle.batch_queue_size > 1:
+                    self._loop_async(iter(requests), external_finishes or {}, bar)
+                else:
+                    self._loop(iter(requests), external_finishes or {}, bar)
             except KeyboardInterrupt:
                 interrupted = True
             finally:
@@ -123,10 +159,9 @@ class Simulator:
                          sim_time=self.now, wall_time=wall, interrupted=interrupted)
 
     def _loop(self, stream: Iterator[SimRequest], external: dict[int, list[tuple[str, str]]], bar: Any) -> None:
-        sched, runner, recorder, cost = self.scheduler, self.runner, self.recorder, self.cost_model
-        step_time, step_start, execute = cost.step_time, self.step_start, runner.execute
-        schedule, update = sched.schedule, sched.update_from_output
-        add, forget = self.add_request, runner.forget
+        cycle, sched = self.cycle, self.scheduler
+        step_time, step_start = self.cost_model.step_time, self.step_start
+        add, forget = self.add_request, self.runner.forget
         nxt = next(stream, None)
         step = 0
         while True:
@@ -143,17 +178,14 @@ class Simulator:
                 add(nxt)
                 nxt = next(stream, None)
             self.now = start
-            if not (sched.running or sched.waiting or sched.has_pending_outputs()):
+            if not cycle.has_work():
                 if nxt is None:
                     return
                 self.now = max(start, nxt.add_time)
                 continue
-            so = schedule()
-            duration = step_time(batch_from_output(so), step)
-            runner_output = execute(so, sched.requests)
-            self.now = end = start + duration
-            outputs = update(so, runner_output)
-            recorder.on_step(so, outputs, start, end, 0.0, duration, 0.0)
+            so = cycle.begin()
+            self.now = start + step_time(batch_from_output(so), step)
+            so, outputs = cycle.finish()
             step += 1
             done = 0
             for out in outputs.outputs:
@@ -164,6 +196,50 @@ class Simulator:
                 bar.update(done)
             elif not (so.total_num_scheduled_tokens or sched.running or outputs.outputs or so.preempted_req_ids):
                 self._stalled(nxt, step_start is not None and step_start(step) is not None)
+
+    def _loop_async(self, stream: Iterator[SimRequest], external: dict[int, list[tuple[str, str]]],
+                    bar: Any) -> None:
+        """Async scheduling on the simulated clock, in vLLM's batch-queue order: the next step is scheduled
+        as soon as the one before it is launched (host time hidden behind device time, as the engine
+        hides it), runs on the device when that one ends, and its outputs apply at its own end. Recorded
+        step starts are not followed in this mode; external finishes apply after the step they followed."""
+        cycle, sched, step_time = self.cycle, self.scheduler, self.cost_model.step_time
+        add, forget = self.add_request, self.runner.forget
+        ends: deque[float] = deque()
+        device_free = 0.0
+        launched = 0
+        nxt = next(stream, None)
+        while True:
+            if external and cycle.num_steps in external:
+                self._finish_external(external.pop(cycle.num_steps))
+            while nxt is not None and nxt.add_time <= self.now:
+                add(nxt)
+                nxt = next(stream, None)
+            if cycle.has_work():
+                so = cycle.begin()
+                device_free = max(self.now, device_free) + step_time(batch_from_output(so), launched)
+                launched += 1
+                ends.append(device_free)
+                if len(cycle.in_flight) < cycle.batch_queue_size and (so.total_num_scheduled_tokens
+                                                                       or cycle.has_work()):
+                    continue
+            elif not cycle.in_flight:
+                if nxt is None:
+                    return
+                self.now = max(self.now, nxt.add_time)
+                continue
+            self.now = max(self.now, ends.popleft())
+            so, outputs = cycle.finish()
+            done = 0
+            for out in outputs.outputs:
+                if out.finish_reason is not None:
+                    forget(out.request_id)
+                    done += 1
+            if done:
+                bar.update(done)
+            elif cycle.has_work() and not (so.total_num_scheduled_tokens or sched.running or outputs.outputs
+                                           or so.preempted_req_ids):
+                self._stalled(nxt, False)
 
     def _stalled(self, nxt: SimRequest | None, recorded_ahead: bool) -> None:
         """Nothing ran and nothing can until the next arrival: jump to it, or give up if there is none."""

@@ -42,9 +42,13 @@ def _parser() -> Any:
     p.add_argument("--results", default=None, metavar="FILE", help="JSON lines of finished configurations; resumes")
     p.add_argument("--plots", default=None, metavar="DIR", help="latency-vs-rate and cost-frontier PNGs")
     p.add_argument("--trace", default=None, metavar="DIR", help="cluster trace of the top configuration at its max rate")
+    p.add_argument("--samples", type=int, default=0, metavar="N", help="with --residuals: rerun each "
+                   "configuration's final search N times under seeded draws of measured step-time scatter")
+    p.add_argument("--residuals", default=None, metavar="PROFILE.json",
+                   help="calibration profile whose measured residuals --samples draws from")
     p.add_argument("--json", action="store_true", help="print the ranked rows as JSON")
     p.add_argument("--no-progress", action="store_true")
-    add_engine_flags(p)
+    add_engine_flags(p, "plan")
     return p
 
 
@@ -60,7 +64,7 @@ def _configs(args: Any) -> tuple[list[PlanConfig], list[str]]:
             sweep[key] = [v.strip() for v in (text or default).split(",") if v.strip()]
             if not sweep[key]:
                 raise ValueError(f"--{key}: no value given")
-    given = {fl.field: getattr(args, fl.dest) for fl in sim_flags() if getattr(args, fl.dest) is not None}
+    given = {fl.field: getattr(args, fl.dest) for fl in sim_flags("plan") if getattr(args, fl.dest) is not None}
     if "num_gpu_blocks_override" in given:
         given["num_gpu_blocks"] = given.pop("num_gpu_blocks_override")
     configs = expand_configs(sweep, PlanConfig(replicas=args.replicas, **given))
@@ -83,6 +87,12 @@ def plan(args: Any) -> int:
         raise ValueError(f"--min-served-ratio: must be in [0, 1], got {args.min_served_ratio}")
     if args.length_scale is not None and not args.length_scale > 0:
         raise ValueError(f"--length-scale: must be > 0, got {args.length_scale}")
+    if args.samples < 0 or (args.samples and not args.residuals):
+        raise ValueError("--samples: needs N >= 1 and --residuals PROFILE.json (the measured scatter to draw from)")
+    if args.residuals:
+        from sim.plan_search import residual_table
+
+        residual_table(os.path.abspath(args.residuals))
     prices = parse_price(args.price) if args.price else {}
     configs, swept = _configs(args)
     try:
@@ -92,7 +102,8 @@ def plan(args: Any) -> int:
         raise config_error(e) from None
     spec = PlanSpec(workload=os.path.abspath(args.workload), slo=args.slo, rate_tol=args.rate_tol,
                     max_requests=args.max_requests, length_scale=args.length_scale, vocab_size=args.vocab_size,
-                    seed=args.seed or 0, min_served_ratio=args.min_served_ratio)
+                    seed=args.seed or 0, min_served_ratio=args.min_served_ratio, samples=args.samples,
+                    residual_profile=os.path.abspath(args.residuals) if args.residuals else None)
     offered_rate = base_rate(base_requests(spec.workload, spec.max_requests, spec.length_scale, spec.vocab_size))
     plan_id = spec.fingerprint()
     done = load_results(args.results, plan_id) if args.results else {}

@@ -42,7 +42,7 @@ class PlanConfig:
     num_gpu_blocks: int | None = None
 
     def _set(self, owner: type) -> dict[str, Any]:
-        names = {fl.field for fl in sim_flags() if fl.owner == owner.__name__}
+        names = {fl.field for fl in sim_flags("plan") if fl.owner == owner.__name__}
         return {k: v for k, v in self.to_dict().items() if k in names and v is not None}
 
     def scheduler_config(self) -> SchedulerConfig:

@@ -38,6 +38,8 @@ class PlanSpec:
     seed: int = 0
     max_doublings: int = 12
     min_served_ratio: float = 0.5
+    samples: int = 0
+    residual_profile: str | None = None
 
     def fingerprint(self) -> str:
         """Results computed under another spec must not be mixed into this plan's table."""
@@ -183,15 +185,31 @@ def miss_watch(slos: list[SLO], num_requests: int) -> Callable[[Any], bool]:
     return watch
 
 
+@lru_cache(maxsize=2)
+def residual_table(profile: str) -> dict[str, Any]:
+    """The measured residual table of a calibration profile (see sim.cost_models.residuals)."""
+    from sim.cost_models.calibrated import load_profile
+
+    table = load_profile(profile).get("residuals")
+    if not table:
+        raise ValueError(f"{profile}: residuals: missing (a profile from an older sim calibrate); recalibrate")
+    return table
+
+
 def run_at_rate(spec: PlanSpec, config: PlanConfig, rate: float, trace_dir: str | None = None,
-                watch: Callable[[Any], bool] | None = None) -> Any:
+                watch: Callable[[Any], bool] | None = None, residual_seed: int | None = None) -> Any:
     """The cluster's requests table with the workload's arrivals scaled to `rate` requests/s (`watch` may
-    stop the run early, see `Cluster.run`)."""
+    stop the run early, see `Cluster.run`); with `residual_seed`, step times carry one seeded draw of the
+    profile's measured scatter."""
     from sim.cluster import Cluster
 
     reqs = base_requests(spec.workload, spec.max_requests, spec.length_scale, spec.vocab_size)
     scale = base_rate(reqs) / rate
     sched, cache, cost = build_cluster_parts(config)
+    if residual_seed is not None and spec.residual_profile:
+        from sim.cost_models.residuals import ResidualScaled
+
+        cost = ResidualScaled(cost, residual_table(spec.residual_profile), residual_seed)
     cluster = Cluster(config.replicas, sched, cache, cost, config.router, trace_dir=trace_dir,
                       meta={"plan": {"config": config.to_dict(), "rate": rate}}, seed=spec.seed,
                       vocab_size=spec.vocab_size)
@@ -231,7 +249,8 @@ def evaluate_config(spec: PlanSpec, config: PlanConfig) -> dict[str, Any]:
         return {"max_rate": 0.0, "capped": False, "note": str(e), "points": []}
     rate, capped = search_max_rate(meets, base_rate(reqs), spec.rate_tol, spec.max_doublings)
     best = points.get(rate, {})
-    return {"max_rate": rate, "capped": capped, "attainment": best.get("attainment", 0.0),
+    spread = sampled_max_rates(spec, config, rate, slos, len(reqs)) if spec.samples and rate > 0 else None
+    return {"max_rate": rate, "capped": capped, "max_rate_interval": spread, "attainment": best.get("attainment", 0.0),
             "mean_output_tokens": best.get("mean_output_tokens", 0.0),
             "prefix_hit_rate": best.get("prefix_hit_rate", 0.0),
             "user_tok_s": 1.0 / best["tpot_p50"] if best.get("tpot_p50") else None,
@@ -240,3 +259,23 @@ def evaluate_config(spec: PlanSpec, config: PlanConfig) -> dict[str, Any]:
             "rejected": max((p.get("rejected") or {} for p in points.values()), key=lambda r: sum(r.values()),
                             default={}),
             "points": [points[r] for r in sorted(points)]}
+
+
+def sampled_max_rates(spec: PlanSpec, config: PlanConfig, nominal: float, slos: list[SLO],
+                      num_requests: int) -> dict[str, Any]:
+    """The max rate again under `spec.samples` seeded draws of the measured step-time scatter, each search
+    started at the nominal answer (a few simulations each): median and p5-p95 of the max rate."""
+    from sim.loop import SimulationError
+    from sim.samples import interval
+
+    rates = []
+    for seed in range(spec.samples):
+        def meets(rate: float, seed: int = seed) -> bool:
+            try:
+                table = run_at_rate(spec, config, rate, watch=miss_watch(slos, num_requests), residual_seed=seed)
+            except SimulationError:
+                return False
+            return slo_check(table, slos, num_requests, rate, spec.min_served_ratio)["meets"]
+
+        rates.append(search_max_rate(meets, nominal, spec.rate_tol, spec.max_doublings)[0])
+    return {**interval(rates), "samples": rates}

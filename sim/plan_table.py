@@ -27,7 +27,8 @@ def rank(results: list[tuple[PlanConfig, dict[str, Any]]],
                      "output_tok_s_per_replica": tok_s / config.replicas,
                      "user_tok_s": res.get("user_tok_s"), "usd_per_hour": None if price is None
                      else price * config.replicas, "usd_per_m_output_tokens": cost, "note": res.get("note"),
-                     "rejected": res.get("rejected") or {}, "same_as": None, "_fingerprint": _fingerprint(res)})
+                     "rejected": res.get("rejected") or {}, "max_rate_interval": res.get("max_rate_interval"),
+                     "same_as": None, "_fingerprint": _fingerprint(res)})
     rows.sort(key=lambda r: (r["usd_per_m_output_tokens"] is None, r["usd_per_m_output_tokens"] or 0.0,
                              -r["max_rate"] / r["config"].replicas, r["config"].key))
     first: dict[str, int] = {}
@@ -65,11 +66,18 @@ def format_table(rows: list[dict[str, Any]], swept: list[str]) -> str:
             line += f"  (same results as #{row['same_as']})"
         if row["note"]:
             line += f"  ({row['note']})"
-        lines.append(line)
+        lines.append(line + _interval(row.get("max_rate_interval")))
     lines.append("max rate: requests/s within every SLO; tok/s/replica: output tokens/s per replica at that rate; "
                  "tok/s/user: 1 / median TPOT there")
     lines.append(RANKING[priced])
     return "\n".join(lines + rejection_lines(rows, labels))
+
+
+def _interval(iv: dict[str, Any] | None) -> str:
+    if not iv:
+        return ""
+    return (f"  max rate median {iv['median']:.3f} [p5-p95 {iv['p5']:.3f}-{iv['p95']:.3f}] "
+            f"over {len(iv['samples'])} sampled runs")
 
 
 def rejection_lines(rows: list[dict[str, Any]], labels: list[str]) -> list[str]:

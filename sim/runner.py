@@ -8,6 +8,7 @@ the position, so the same inputs always give the same trace.
 from __future__ import annotations
 
 import zlib
+from collections import deque
 
 from engine.core.outputs import ModelRunnerOutput
 from engine.core.request import Request
@@ -19,11 +20,21 @@ FIRST_TOKEN_ID = 3  # leave the special ids (BOS/EOS/PAD) alone, as the workload
 class FakeModelRunner:
     """Register each request's recorded outputs (if any) when it is added; `forget` it when it ends."""
 
-    def __init__(self, seed: int = 0, vocab_size: int = 32000) -> None:
+    def __init__(self, seed: int = 0, vocab_size: int = 32000, requests: dict[str, Request] | None = None) -> None:
         self.seed = seed
         self.span = max(1, vocab_size - FIRST_TOKEN_ID)
         self._recorded: dict[str, list[int]] = {}
         self._base: dict[str, int] = {}
+        self.requests = requests if requests is not None else {}
+        self._in_flight: deque[ModelRunnerOutput] = deque()
+
+    # The StepCycle's runner protocol: tokens are decided when the batch is launched (what the scheduler
+    # knows then), and handed back in launch order.
+    def execute_model(self, so: SchedulerOutput) -> None:
+        self._in_flight.append(self.execute(so, self.requests))
+
+    def sample_tokens(self) -> ModelRunnerOutput:
+        return self._in_flight.popleft()
 
     def register(self, request_id: str, output_token_ids: list[int] | None = None) -> None:
         if output_token_ids:
@@ -42,11 +53,12 @@ class FakeModelRunner:
         sampled: list[list[int]] = []
         for rid in ids:
             req = requests[rid]
-            n = len(req.all_token_ids)
-            if req.num_computed_tokens < n:
+            if req.is_prefill_chunk:
                 sampled.append([])
                 continue
-            pos = n - len(req.prompt_token_ids)
+            # The sampled token's output position; under async scheduling the computed count already
+            # includes the placeholders of steps in flight.
+            pos = req.num_computed_tokens - len(req.prompt_token_ids)
             rec = recorded.get(rid)
             if rec is not None and pos < len(rec):
                 sampled.append([rec[pos]])

@@ -10,7 +10,7 @@ import traces
 from engine.core.model_shapes import PRESET_NAMES, get_model_config
 from sim.batch import StepBatch, batch_from_output
 from sim.calibrate import batches_from_trace, calibrate, main_calibrate
-from sim.cost_models.calibrated import COEFFICIENTS, CalibratedCostModel, fit_nnls, load_profile, nnls
+from sim.cost_models.calibrated import CalibratedCostModel, load_profile, nnls
 from sim.cost_models.hardware import get_hardware
 from sim.cost_models.roofline import RooflineCostModel, model_shape
 from traces.recorder import TraceRecorder
@@ -96,8 +96,6 @@ def test_negative_true_coefficient_is_clamped_to_zero():
     b = a @ np.array([5.0, -0.02, 0.3]) + rng.normal(0, 0.1, 300)
     x = nnls(a, b)
     assert x[1] == 0.0 and (x >= 0).all() and np.allclose(x, _brute_nnls(a, b), atol=1e-8)
-    coef, _ = fit_nnls(a, b + 10)
-    assert coef[1] == 0.0 and (coef >= 0).all()
 
 
 def test_batches_rebuilt_from_a_trace_equal_the_scheduler_batches(tmp_path):
@@ -118,22 +116,6 @@ def test_fit_on_traces_recovers_the_step_time_law(two_traces):
     assert len(profile["leave_one_trace_out"]) == 2 and all(r["mape"] < 4 for r in profile["leave_one_trace_out"])
 
 
-def test_outlier_steps_do_not_wreck_the_fit(tmp_path):
-    record(tmp_path, spike_every=12)
-    pairs = batches_from_trace(traces.load(tmp_path))
-    x = np.array([[1, b.num_prefill_tokens, b.num_decode_tokens, b.context_tokens, b.prefill_attention, b.num_seqs]
-                  for b, _ in pairs], dtype=float)
-    y = np.array([d for _, d in pairs])
-    true = np.array([TRUE[k] for k in COEFFICIENTS])
-    clean = np.abs(y - x @ true) / (x @ true) < 0.2
-    robust, keep = fit_nnls(x, y)
-    naive, _ = fit_nnls(x, y, robust=False)
-    assert not keep[~clean].any() and keep[clean].mean() > 0.9
-    assert robust[1] == pytest.approx(TRUE["c_p"], rel=0.1) and robust[3] == pytest.approx(TRUE["c_ctx"], rel=0.1)
-    mape = lambda c: np.mean(np.abs(x[clean] @ c - y[clean]) / y[clean]) * 100  # noqa: E731
-    assert mape(robust) < 3 < mape(naive)
-
-
 def test_profile_round_trips_through_json_and_predicts_the_same(two_traces, tmp_path):
     out = tmp_path / "profile.json"
     assert main_calibrate([*two_traces, "-o", str(out)]) == 0
@@ -151,7 +133,7 @@ def test_sim_calibrate_writes_a_profile_and_prints_the_fit_error(two_traces, tmp
     out = tmp_path / "p.json"
     assert main_calibrate([*two_traces, "-o", str(out)]) == 0
     printed = capsys.readouterr().out
-    assert "fit error: MAPE" in printed and "leave-one-trace-out: MAPE" in printed
+    assert "fit error device: MAPE" in printed and "fit error gap:" in printed and "leave-one-trace-out" in printed
     prof = load_profile(out)
     assert prof["device"]["name"] == "test-cpu" and len(prof["traces"]) == 2 and prof["fit"]["num_steps"] > 100
 
@@ -268,23 +250,6 @@ def test_roofline_from_a_profile_uses_the_measured_rates(two_traces, tmp_path):
     assert hw.effective_bandwidth >= shape.kv_bytes_per_token / c["c_ctx"] * (1 - 1e-9)
     assert 0 <= hw.step_overhead <= c["c0"] and shape.dtype == "float32"
     assert "calibration profile" in model.describe()["source"] and model.num_gpu_blocks(16) > 0
-
-
-def test_step_noise_reproduces_the_measured_scatter_deterministically():
-    from sim.batch import StepBatch
-    from sim.cost_models.calibrated import CalibratedCostModel
-
-    coef = {"c0": 1e-3, "c_p": 0.0, "c_d": 1e-4, "c_ctx": 0.0, "c_attn": 0.0, "c_seq": 0.0}
-    quantiles = [0.5 + i / 100 for i in range(101)]  # ratios spread evenly over [0.5, 1.5]
-    batch = StepBatch(num_decode_tokens=10, num_decode_seqs=10)
-    plain = CalibratedCostModel(coef, {"residual_quantiles": quantiles})
-    noisy = CalibratedCostModel(coef, {"residual_quantiles": quantiles}, noise=True)
-    law = 1e-3 + 10 * 1e-4
-    assert plain.step_time(batch, 5) == pytest.approx(law)
-    times = [noisy.step_time(batch, i) for i in range(2000)]
-    assert times == [noisy.step_time(batch, i) for i in range(2000)]
-    ratios = sorted(t / law for t in times)
-    assert ratios[100] == pytest.approx(0.55, abs=0.01) and ratios[1900] == pytest.approx(1.45, abs=0.01)
 
 
 @pytest.mark.parametrize("name", PRESET_NAMES)

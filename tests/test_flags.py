@@ -33,13 +33,13 @@ def _shape(action: argparse.Action) -> tuple:
 
 
 ENGINE_RUN = _options(_subparser(engine_parser(), "run"))
-SIM_PARSERS = {"sim replay": _options(_subparser(sim_parser(), "replay")), "sim plan": _options(plan_parser())}
+SIM_PARSERS = {"replay": _options(_subparser(sim_parser(), "replay")), "plan": _options(plan_parser())}
 
 
 @pytest.mark.parametrize("command", SIM_PARSERS)
 def test_every_engine_flag_the_simulator_uses_has_the_engines_name_type_choices_and_help(command):
     sim = SIM_PARSERS[command]
-    for fl in sim_flags():
+    for fl in sim_flags(command):
         assert _shape(sim[fl.flag]) == _shape(ENGINE_RUN[fl.flag]), fl.flag
         assert sim[fl.flag].default is None  # from the source trace, else the engine default
 
@@ -47,7 +47,13 @@ def test_every_engine_flag_the_simulator_uses_has_the_engines_name_type_choices_
 @pytest.mark.parametrize("command", SIM_PARSERS)
 def test_only_flags_marked_engine_only_are_missing_from_the_simulator(command):
     missing = {fl.flag for fl in engine_flags()} - set(SIM_PARSERS[command])
-    assert missing == {fl.flag for fl in engine_flags() if not fl.sim} == {"--kv-cache-memory"}
+    assert missing == {fl.flag for fl in engine_flags() if fl.sim is not True and fl.sim != command}
+    assert "--kv-cache-memory" in missing and "--max-num-seqs" not in missing
+
+
+def test_scheduling_modes_are_replay_flags_only():
+    assert {"--async-scheduling", "--scheduler-reserve-full-isl"} <= set(SIM_PARSERS["replay"])
+    assert not {"--async-scheduling", "--scheduler-reserve-full-isl"} & set(SIM_PARSERS["plan"])
 
 
 def test_engine_run_without_flags_gives_the_config_defaults():
@@ -66,7 +72,8 @@ def test_engine_args_repeat_the_scheduler_and_cache_options_with_their_defaults(
     for fl in (fl for fl in _engine_args_flags() if fl.owner in ("SchedulerConfig", "CacheConfig")):
         expected = declared[fl.flag]
         assert (fl.type, fl.choices, fl.help) == (expected.type, expected.choices, expected.help)
-        assert fl.default == expected.default or fl.flag == "--max-model-len"  # the engine's: the model's
+        # The engine resolves these two by the model and the device.
+        assert fl.default == expected.default or fl.flag in ("--max-model-len", "--async-scheduling")
 
 
 def _engine_args_flags():

@@ -53,11 +53,13 @@ def check_pool(kv: KVCacheManager) -> None:
     assert set(kv.num_cached_block) == set(kv.req_to_blocks)
 
     table = pool.cached_block_hash_to_block
-    for h, b in table.items():
-        assert b.block_hash == h, f"cache maps a hash to {b}, which has another hash"
+    for h, same in table.items():
+        assert same, "the cache keeps an empty entry"
+        for block_id, b in same.items():
+            assert b.block_hash == h and b.block_id == block_id, f"cache maps a hash to {b}, which has another hash"
     for b in pool.blocks:
         if b.block_hash is not None:
-            assert table.get(b.block_hash) is b, f"{b} has a hash the cache does not map to it"
+            assert table.get(b.block_hash, {}).get(b.block_id) is b, f"{b} has a hash the cache does not map to it"
     cached_seen = False
     for b in forward:
         cached_seen |= b.block_hash is not None
@@ -74,13 +76,14 @@ def snapshot(kv: KVCacheManager) -> tuple:
     queue = pool.free_block_queue
     free = [b.block_id for b in walk(queue._head, queue._tail, "next_free_block", pool.num_blocks)]
     held = {rid: [b.block_id for b in bl] for rid, bl in kv.req_to_blocks.items()}
-    table = {h: b.block_id for h, b in pool.cached_block_hash_to_block.items()}
+    table = {h: list(same) for h, same in pool.cached_block_hash_to_block.items()}
     return blocks, free, held, dict(kv.num_cached_block), table, pool.num_evictions
 
 
 class KVCacheMachine(RuleBasedStateMachine):
     """Drives a KVCacheManager the way the scheduler does; every allocation is computed in the same
-    rule (one step), except in `preempt_scheduled`, which frees a request before its step's KV exists."""
+    rule (one step), except in `preempt_scheduled`, which frees a request before its step's KV exists
+    (vLLM 0.32 keeps the hashes it published for that step; the machine tracks those blocks apart)."""
 
     @initialize(num_blocks=st.integers(8, 40), block_size=st.integers(2, 4))
     def setup(self, num_blocks: int, block_size: int) -> None:
@@ -91,6 +94,8 @@ class KVCacheMachine(RuleBasedStateMachine):
         self.next_id = 0
         # block_id -> hash of the content actually computed into it, to catch hits on unwritten KV.
         self.written: dict[int, bytes] = {}
+        # block_id -> hash published for a step that never ran (its owner preempted in that step).
+        self.published_unwritten: dict[int, bytes] = {}
 
     def _allocate(self, req: Request, n: int, num_hit: int = 0,
                   hits: list[KVCacheBlock] | None = None) -> list[KVCacheBlock] | None:
@@ -101,6 +106,7 @@ class KVCacheMachine(RuleBasedStateMachine):
         else:
             for b in new:
                 self.written.pop(b.block_id, None)
+                self.published_unwritten.pop(b.block_id, None)
         return new
 
     def _commit(self, req: Request, num_computed: int, token: int) -> None:
@@ -109,6 +115,7 @@ class KVCacheMachine(RuleBasedStateMachine):
         blocks = self.kv.req_to_blocks[req.request_id]
         for i in range(num_computed // self.bs):
             self.written[blocks[i].block_id] = req.block_hashes[i]
+            self.published_unwritten.pop(blocks[i].block_id, None)
         if num_computed == req.num_tokens:
             req.append_output_token_ids(token)
 
@@ -168,6 +175,9 @@ class KVCacheMachine(RuleBasedStateMachine):
         """Preempted in the step that scheduled it: blocks published for this step were never written."""
         req = self.running.pop(pick % len(self.running))
         self._allocate(req, 1 + chunk % (req.num_tokens - req.num_computed_tokens))
+        for b in self.kv.req_to_blocks[req.request_id][req.num_computed_tokens // self.bs:]:
+            if b.block_hash is not None and self.written.get(b.block_id) != b.block_hash:
+                self.published_unwritten[b.block_id] = b.block_hash
         self.kv.free(req)
         req.num_computed_tokens = 0
         self.waiting.append(req)
@@ -198,8 +208,11 @@ class KVCacheMachine(RuleBasedStateMachine):
 
     @invariant()
     def cached_blocks_hold_written_kv(self) -> None:
-        for h, b in self.kv.block_pool.cached_block_hash_to_block.items():
-            assert self.written.get(b.block_id) == h, f"{b} is cached but its KV was never computed"
+        """Except the blocks vLLM 0.32 published for a step whose owner it preempted in that step."""
+        for h, same in self.kv.block_pool.cached_block_hash_to_block.items():
+            for b in same.values():
+                assert h in (self.written.get(b.block_id), self.published_unwritten.get(b.block_id)), (
+                    f"{b} is cached but its KV was never computed")
 
     def teardown(self) -> None:
         if not hasattr(self, "kv"):

@@ -206,27 +206,14 @@ def test_second_request_in_the_same_step_hits_the_first_ones_blocks():
     assert out.prefix_hit_tokens == 8 and b.num_cached_tokens == 8
 
 
-def test_blocks_published_by_a_request_preempted_in_the_same_step_are_uncached():
-    """A block is published when a step's tokens fill it; if its owner is preempted in that very step,
-    the KV is never written, so the hash must not stay in the cache."""
-    sched = make_scheduler(policy="priority", num_blocks=5, block_size=4, max_model_len=24,
-                           long_prefill_token_threshold=3)
-    low, = make_requests(1, num_tokens=9, max_tokens=6, ignore_eos=True, priorities=[9])
-    high, = make_requests(1, num_tokens=5, max_tokens=6, ignore_eos=True, priorities=[0], start=1)
-    sched.add_request(low)
-    step(sched)                      # low: 0-2
-    sched.add_request(high)
-    step(sched)                      # low: 3-5; high: 0-2
-    out = sched.schedule()           # low: 6-8 fills its block 1 and takes a third; high then needs one
-    assert out.preempted_req_ids == [low.request_id]
-    cached = sched.kv_cache_manager.block_pool.cached_block_hash_to_block
-    assert low.block_hashes[0] in cached and low.block_hashes[1] not in cached
-
-
-def test_free_drops_hashes_of_blocks_whose_tokens_were_never_computed():
+def test_free_keeps_hashes_published_at_allocation_as_vllm_does():
+    """vLLM 0.32 publishes blocks when a step's tokens are allocated and never takes a hash back on free,
+    even if the step never ran (its owner preempted in the same step): the blocks join the LRU tail."""
     kv = _manager()
     req = _req("a", list(range(100, 109)))
     kv.allocate_slots(req, 9)        # publishes blocks 0 and 1 at allocation time
-    assert len(kv.block_pool.cached_block_hash_to_block) == 2
+    held = kv.get_block_ids("a")
     kv.free(req)                     # freed before the step ran: num_computed_tokens is still 0
-    assert not kv.block_pool.cached_block_hash_to_block
+    assert len(kv.block_pool.cached_block_hash_to_block) == 2
+    tail = [b.block_id for b in kv.block_pool.free_block_queue.get_all_free_blocks()[-2:]]
+    assert tail == [held[1], held[0]]

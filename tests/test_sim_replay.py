@@ -169,7 +169,7 @@ def _simulate(tmp_path, name, seed=0, workload=BURSTY, limit=40):
     from engine.core import CacheConfig, SchedulerConfig
 
     src = open_source(workload, 32000, limit)
-    sim = Simulator(SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=512),
+    sim = Simulator(SchedulerConfig(max_model_len=8192, max_num_seqs=16, max_num_batched_tokens=512),
                     CacheConfig(block_size=16, num_gpu_blocks=300), _LinearCost(), tmp_path / name,
                     {"workload": src.meta}, seed=seed)
     result = sim.run(src.requests)

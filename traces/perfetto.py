@@ -3,9 +3,11 @@
 Layout, per trace (one process each, `pid` = position + 1, named "<directory> (<source>)"):
 - thread "steps": every step as a complete slice, with its schedule/execute/sample phases nested in it
   (laid end to end from the step's start, from the durations in the steps table; a missing duration
-  ends the chain, a zero one is skipped);
+  ends the chain, a zero one is skipped). Under async scheduling a step is scheduled while the one
+  before it still runs, so their spans overlap: such a step goes to thread "steps (overlapping)";
 - threads "prefill", "decode", "mixed": each step again, on the track of its batch's composition
-  (prefill tokens only, decode tokens only, or both; steps that scheduled nothing appear only on "steps");
+  (prefill tokens only, decode tokens only, or both; steps that scheduled nothing appear only on "steps";
+  a slice starts no earlier than the previous one on its track ended);
 - thread "preemptions": an instant per preemption, at the start of the step that preempted;
 - thread "startup": the engine's start-up spans ("Prepare model" and its children), when recorded;
 - counters: KV cache blocks (used, total) and usage %, queue (running, waiting), tokens scheduled
@@ -30,9 +32,9 @@ import pandas as pd
 
 from traces.reader import Trace, load
 
-STEPS_TID, PREFILL_TID, DECODE_TID, MIXED_TID, PREEMPT_TID, STARTUP_TID = 1, 2, 3, 4, 5, 6
+STEPS_TID, PREFILL_TID, DECODE_TID, MIXED_TID, PREEMPT_TID, STARTUP_TID, OVERLAP_TID = 1, 2, 3, 4, 5, 6, 7
 THREADS = {STEPS_TID: "steps", PREFILL_TID: "prefill", DECODE_TID: "decode", MIXED_TID: "mixed",
-           PREEMPT_TID: "preemptions", STARTUP_TID: "startup"}
+           PREEMPT_TID: "preemptions", STARTUP_TID: "startup", OVERLAP_TID: "steps (overlapping)"}
 PHASES = (("schedule", "schedule_time"), ("execute", "execute_time"), ("sample", "sample_time"))
 STEP_ARGS = {"tokens": "num_scheduled_tokens", "prefill_tokens": "num_prefill_tokens",
              "decode_tokens": "num_decode_tokens", "running": "num_running", "waiting": "num_waiting",
@@ -106,6 +108,7 @@ def _counter(pid: int, name: str, ts_ns: int, values: dict[str, Any]) -> dict[st
 def _step_events(pid: int, steps: pd.DataFrame) -> list[dict[str, Any]]:
     events: list[dict[str, Any]] = []
     rows = steps.to_dict("records")
+    track_end: dict[int, int] = {}
     for i, row in enumerate(rows):
         start, end = _ns(row.get("start")), _ns(row.get("end"))
         if start is None or end is None:
@@ -113,7 +116,9 @@ def _step_events(pid: int, steps: pd.DataFrame) -> list[dict[str, Any]]:
         end = max(end, start)
         name = f"step {int(row['step'])}"
         args = _args((k, row.get(col)) for k, col in STEP_ARGS.items())
-        events.append(_slice(pid, STEPS_TID, name, start, end, args))
+        lane = STEPS_TID if start >= track_end.get(STEPS_TID, start) else OVERLAP_TID
+        track_end[lane] = end
+        events.append(_slice(pid, lane, name, start, end, args))
         t = start
         for phase, col in PHASES:
             dur = _ns(row.get(col))
@@ -121,11 +126,12 @@ def _step_events(pid: int, steps: pd.DataFrame) -> list[dict[str, Any]]:
                 break
             if dur <= 0 or t >= end:
                 continue
-            events.append(_slice(pid, STEPS_TID, phase, t, min(t + dur, end), cat="phase"))
+            events.append(_slice(pid, lane, phase, t, min(t + dur, end), cat="phase"))
             t = min(t + dur, end)
         tid = _composition_tid(args.get("prefill_tokens", 0), args.get("decode_tokens", 0))
         if tid is not None:
-            events.append(_slice(pid, tid, name, start, end, args))
+            events.append(_slice(pid, tid, name, max(start, track_end.get(tid, start)), end, args))
+            track_end[tid] = end
         used, total = _value(row.get("kv_blocks_used")), _value(row.get("kv_blocks_total"))
         pct = 100.0 * used / total if used is not None and total else None
         events += [c for c in (

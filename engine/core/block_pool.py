@@ -100,7 +100,12 @@ class FreeKVCacheBlockQueue:
 
 
 class BlockPool:
-    """Owns every block. Block 0 is the null block: never handed out, used to pad block tables."""
+    """Owns every block. Block 0 is the null block: never handed out, used to pad block tables.
+
+    As in vLLM 0.32, equal content may be cached in several blocks at once (two requests that filled the
+    same prefix in the same steps): the map keeps every such block under the hash, a hit takes the first
+    one cached, and each block stays evictable on its own.
+    """
 
     def __init__(self, num_blocks: int, enable_caching: bool = True) -> None:
         if num_blocks < 2:
@@ -111,27 +116,29 @@ class BlockPool:
         self.free_block_queue = FreeKVCacheBlockQueue(self.blocks)
         self.null_block = self.free_block_queue.popleft()
         self.null_block.is_null = True
-        self.cached_block_hash_to_block: dict[BlockHash, KVCacheBlock] = {}
+        self.cached_block_hash_to_block: dict[BlockHash, dict[int, KVCacheBlock]] = {}
         self.num_evictions = 0
 
     def get_cached_block(self, block_hash: BlockHash) -> KVCacheBlock | None:
-        return self.cached_block_hash_to_block.get(block_hash)
+        blocks = self.cached_block_hash_to_block.get(block_hash)
+        return next(iter(blocks.values())) if blocks else None
 
     def cache_full_blocks(self, blocks: list[KVCacheBlock], block_hashes: list[BlockHash],
                           num_cached_blocks: int, num_full_blocks: int) -> list[KVCacheBlock]:
-        """Register blocks[num_cached:num_full] under their hashes; the first block with a hash keeps it.
-        Returns the blocks that became cached."""
+        """Register blocks[num_cached:num_full] under their hashes; returns the blocks that became cached."""
         table = self.cached_block_hash_to_block
         newly = []
         for i in range(num_cached_blocks, num_full_blocks):
             block = blocks[i]
-            if block.block_hash is not None:
+            if block.block_hash is not None or block.is_null:
                 continue
-            h = block_hashes[i]
-            if h not in table:
-                block.block_hash = h
-                table[h] = block
-                newly.append(block)
+            h = block.block_hash = block_hashes[i]
+            same = table.get(h)
+            if same is None:
+                table[h] = {block.block_id: block}
+            else:
+                same[block.block_id] = block
+            newly.append(block)
         return newly
 
     def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
@@ -145,10 +152,13 @@ class BlockPool:
         return blocks
 
     def uncache(self, block: KVCacheBlock) -> None:
-        """Drop a block's hash from the prefix cache."""
+        """Drop one block from the prefix cache (others holding the same content stay)."""
         table = self.cached_block_hash_to_block
-        if table.get(block.block_hash) is block:
-            del table[block.block_hash]
+        same = table.get(block.block_hash)
+        if same is not None:
+            same.pop(block.block_id, None)
+            if not same:
+                del table[block.block_hash]
         block.block_hash = None
 
     def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
@@ -160,20 +170,24 @@ class BlockPool:
             block.ref_cnt += 1
 
     def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
-        """Drop a reference; blocks reaching zero become free: uncached ones are reused first,
-        cached ones join the LRU tail in the order given (callers pass a request's blocks tail first)."""
-        queue = self.free_block_queue
+        """Drop a reference; blocks reaching zero become free, in the order given (callers pass a
+        request's blocks tail first): uncached ones go, as a run, to the front of the queue (reused
+        first), cached ones to the LRU tail, as vLLM 0.32's BlockPool.free_blocks does."""
+        first, last = [], []
+        caching = self.enable_caching
         for block in ordered_blocks:
             if block.is_null:
                 continue
             block.ref_cnt -= 1
             if block.ref_cnt == 0:
-                if block.block_hash is None:
-                    queue.appendleft(block)
-                else:
-                    queue.append(block)
+                (last if caching and block.block_hash is not None else first).append(block)
             elif block.ref_cnt < 0:
                 raise RuntimeError(f"{block} freed more often than it was taken")
+        queue = self.free_block_queue
+        for block in reversed(first):
+            queue.appendleft(block)
+        for block in last:
+            queue.append(block)
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached hash; refused (False) while any block is held, as vLLM does."""

@@ -16,7 +16,13 @@ def _check(cond: bool, field: str, why: str, value: object) -> None:
 @dataclass(slots=True)
 class SchedulerConfig:
     """vLLM's scheduler knobs under vLLM's names and vLLM 0.32's defaults; `max_num_batched_tokens` is
-    the per-step token budget. The `option` fields are the engine's and the simulator's flags."""
+    the per-step token budget. The `option` fields are the engine's and the simulator's flags.
+
+    `scheduler_reserve_full_isl` (vLLM 0.32, on by default; absent before) admits a waiting request only
+    when the free blocks hold its whole current sequence, not just its first chunk. `async_scheduling`
+    (vLLM 0.32 AsyncScheduler with a batch queue of two; on by default where the platform allows it,
+    off on CPU) schedules step k+1 before step k's tokens are known.
+    """
 
     max_model_len: int = option(4096, "context length (default: the model's)")
     max_num_seqs: int = option(256, "max requests in one step")
@@ -25,6 +31,13 @@ class SchedulerConfig:
     enable_chunked_prefill: bool = option(True, "split long prompts over steps")
     long_prefill_token_threshold: int = option(0, "cap tokens per prefill chunk (0: off)")
     policy: str = option("fcfs", "order of the waiting queue", flag="--scheduling-policy", choices=POLICIES)
+    # `sim plan` takes neither mode: its cluster replicas run synchronously.
+    scheduler_reserve_full_isl: bool = option(
+        True, "admit a request only when its whole sequence fits in the free KV blocks (vLLM 0.32 default: on)",
+        sim="replay")
+    async_scheduling: bool = option(
+        False, "schedule step k+1 before step k's tokens are known (vLLM 0.32 AsyncScheduler; engine default as "
+        "vLLM: on for cuda, off for cpu)", sim="replay")
 
     def __post_init__(self) -> None:
         if self.max_num_batched_tokens is None:

@@ -18,8 +18,9 @@ _TYPES = {"int": int, "int | None": int, "float": float, "float | None": float, 
 
 
 def option(default: Any, help: str, *, flag: str | None = None, choices: tuple[str, ...] | None = None,
-           sim: bool = True) -> Any:
-    """A dataclass field that is also a command-line option; `sim=False`: the simulator has no use for it."""
+           sim: bool | str = True) -> Any:
+    """A dataclass field that is also a command-line option; `sim`: which simulator commands take it
+    (True: replay and plan, False: neither, "replay": that one)."""
     return field(default=default, metadata={"help": help, "flag": flag, "choices": choices, "sim": sim})
 
 
@@ -34,7 +35,7 @@ class Flag:
     default: Any
     help: str
     choices: tuple[str, ...] | None = None
-    sim: bool = True
+    sim: bool | str = True
 
     @property
     def dest(self) -> str:

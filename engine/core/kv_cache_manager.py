@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engine.core.block_pool import BlockPool, KVCacheBlock
-from engine.core.request import Request
+from engine.core.request import Request, RequestStatus
 
 
 @dataclass(slots=True)
@@ -34,13 +34,14 @@ class PrefixCacheStats:
 
 
 _NO_BLOCKS: list[KVCacheBlock] = []  # shared by callers that only read it: nothing newly allocated
+_WAITING_STATUSES = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
 
 
 class KVCacheManager:
     """Full-attention KV cache manager: one block list per request, hashes from the request.
 
     When `events` is a list, every change of block ownership or cache state is appended to it as
-    (kind, request_id, block_ids, hashes) with kind in new / hit / cache / free / uncache, so a trace can
+    (kind, request_id, block_ids, hashes) with kind in new / hit / cache / free, so a trace can
     rebuild the pool at any step.
     """
 
@@ -50,7 +51,8 @@ class KVCacheManager:
         self.max_model_len = max_model_len
         self.enable_caching = enable_caching
         self.block_pool = BlockPool(num_blocks, enable_caching)
-        self.watermark_blocks = int(watermark * self.block_pool.num_usable_blocks)
+        # vLLM 0.32 (SchedulerConfig.watermark) counts the watermark over all blocks, null block included.
+        self.watermark_blocks = int(watermark * num_blocks)
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
         self.num_cached_block: dict[str, int] = {}
         self.prefix_cache_stats = PrefixCacheStats()
@@ -69,10 +71,10 @@ class KVCacheManager:
         get = self.block_pool.cached_block_hash_to_block.get
         blocks: list[KVCacheBlock] = []
         for block_hash in request.block_hashes[:max_hit_blocks]:
-            block = get(block_hash)
-            if block is None:
+            same = get(block_hash)
+            if not same:
                 break
-            blocks.append(block)
+            blocks.append(next(iter(same.values())))
         return blocks, len(blocks) * self.block_size
 
     def record_prefix_hit(self, request: Request, num_hit_tokens: int) -> None:
@@ -80,58 +82,77 @@ class KVCacheManager:
         if self.enable_caching:
             self.prefix_cache_stats.record(request.num_tokens, num_hit_tokens, request.num_preemptions > 0)
 
+    def _num_blocks_to_allocate(self, request_id: str, num_tokens: int,
+                                new_computed_blocks: list[KVCacheBlock]) -> int:
+        """Blocks to take from the free queue for `num_tokens` slots: new ones, plus prefix hits that
+        sit evictable in the free queue (touching them takes them out of it)."""
+        held = self.req_to_blocks.get(request_id)
+        num_held = len(held) if held is not None else 0
+        num_new = max(-(-num_tokens // self.block_size) - num_held - len(new_computed_blocks), 0)
+        return num_new + sum(1 for b in new_computed_blocks if b.ref_cnt == 0 and not b.is_null)
+
     def allocate_slots(self, request: Request, num_new_tokens: int, num_new_computed_tokens: int = 0,
-                       new_computed_blocks: list[KVCacheBlock] | None = None,
-                       num_lookahead_tokens: int = 0) -> list[KVCacheBlock] | None:
+                       new_computed_blocks: list[KVCacheBlock] | None = None, num_lookahead_tokens: int = 0,
+                       full_sequence_must_fit: bool = False, has_scheduled_reqs: bool = True,
+                       ) -> list[KVCacheBlock] | None:
         """Blocks for `num_new_tokens` more tokens after the computed ones (including new prefix hits).
 
         Returns the newly allocated blocks, or None when the pool is short; on None nothing changes,
-        so the caller can preempt and retry.
+        so the caller can preempt and retry. `full_sequence_must_fit` is vLLM 0.32's admission gate
+        (`scheduler_reserve_full_isl`): the whole current sequence must fit, not just this chunk. The
+        watermark holds back blocks from waiting and preempted requests while others run.
         """
         req_blocks = self.req_to_blocks.get(request.request_id)
         if req_blocks is not None and not new_computed_blocks and not num_lookahead_tokens:
             # The common decode case: the held blocks have room, nothing to allocate or touch.
             end = request.num_computed_tokens + num_new_tokens
-            if len(req_blocks) * self.block_size >= end:
+            if len(req_blocks) * self.block_size >= min(end, self.max_model_len) and not full_sequence_must_fit:
                 if self.enable_caching and end // self.block_size > self.num_cached_block[request.request_id]:
-                    self._cache_blocks(request, req_blocks, min(end, len(request.all_token_ids)))
+                    self._cache_blocks(request, req_blocks, min(end, request.num_tokens))
                 return _NO_BLOCKS
-        num_held = len(req_blocks) if req_blocks is not None else 0
-        num_computed = request.num_computed_tokens + num_new_computed_tokens
-        num_needed_tokens = min(num_computed + num_new_tokens + num_lookahead_tokens, self.max_model_len)
-        num_hit_blocks = len(new_computed_blocks) if new_computed_blocks else 0
-        num_to_allocate = -(-num_needed_tokens // self.block_size) - num_held - num_hit_blocks
+        hits = new_computed_blocks or _NO_BLOCKS
         pool = self.block_pool
-        if num_to_allocate > 0 or num_hit_blocks:
-            # Hit blocks sitting in the free queue stop being free once touched.
-            num_free = pool.get_num_free_blocks()
-            if num_hit_blocks:
-                num_free -= sum(1 for b in new_computed_blocks if b.ref_cnt == 0)
-            reserve = self.watermark_blocks if num_held == 0 else 0
-            if num_to_allocate > num_free - reserve:
+        num_free = pool.get_num_free_blocks()
+        watermark = (self.watermark_blocks if has_scheduled_reqs and request.status in _WAITING_STATUSES else 0)
+        num_computed = min(request.num_computed_tokens + num_new_computed_tokens, self.max_model_len)
+        rid = request.request_id
+        if full_sequence_must_fit:
+            full = min(request.num_tokens, self.max_model_len)
+            if self._num_blocks_to_allocate(rid, full, hits) + watermark > num_free:
                 return None
+        num_needed_tokens = min(num_computed + num_new_tokens + num_lookahead_tokens, self.max_model_len)
+        if self._num_blocks_to_allocate(rid, num_needed_tokens, hits) + watermark > num_free:
+            return None
         if req_blocks is None:
-            req_blocks = self.req_to_blocks[request.request_id] = []
-            self.num_cached_block[request.request_id] = 0
+            req_blocks = self.req_to_blocks[rid] = []
+            self.num_cached_block[rid] = 0
         events = self.events
-        if num_hit_blocks:
-            pool.touch(new_computed_blocks)
-            req_blocks.extend(new_computed_blocks)
-            self.num_cached_block[request.request_id] = len(req_blocks)
+        if hits:
+            pool.touch(hits)
+            req_blocks.extend(hits)
+            self.num_cached_block[rid] = len(req_blocks)
             if events is not None:
-                events.append(("hit", request.request_id, [b.block_id for b in new_computed_blocks], None))
+                events.append(("hit", rid, [b.block_id for b in hits], None))
+        num_to_allocate = -(-num_needed_tokens // self.block_size) - len(req_blocks)
         new_blocks = pool.get_new_blocks(num_to_allocate) if num_to_allocate > 0 else []
         if new_blocks:
             req_blocks.extend(new_blocks)
             if events is not None:
-                events.append(("new", request.request_id, [b.block_id for b in new_blocks], None))
+                events.append(("new", rid, [b.block_id for b in new_blocks], None))
         if self.enable_caching:
             self._cache_blocks(request, req_blocks, min(num_computed + num_new_tokens, request.num_tokens))
         return new_blocks
 
+    def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
+        """Publish the request's blocks filled up to `num_computed_tokens` (async scheduling calls this
+        once sampled tokens are known)."""
+        blocks = self.req_to_blocks.get(request.request_id)
+        if self.enable_caching and blocks is not None:
+            self._cache_blocks(request, blocks, num_computed_tokens)
+
     def _cache_blocks(self, request: Request, req_blocks: list[KVCacheBlock], num_tokens: int) -> None:
         """Publish blocks that become full with this step's tokens (their content is known now)."""
-        num_full = min(num_tokens // self.block_size, len(request.block_hashes))
+        num_full = min(num_tokens // self.block_size, len(request.block_hashes), len(req_blocks))
         num_cached = self.num_cached_block[request.request_id]
         if num_full > num_cached:
             newly = self.block_pool.cache_full_blocks(req_blocks, request.block_hashes, num_cached, num_full)
@@ -143,24 +164,17 @@ class KVCacheManager:
     def free(self, request: Request) -> list[int]:
         """Release a request's blocks, tail first so its prefix stays cached longest; returns their ids.
 
-        Blocks published this step but not yet computed (a request preempted in the step that scheduled
-        it) lose their hash first, so no later request can hit KV that was never written.
+        As in vLLM 0.32, blocks keep the hashes they were published under even when the request is
+        preempted in the very step that scheduled it (their KV never written): vLLM decides so, and
+        the next steps' block ids and hits depend on it.
         """
         blocks = self.req_to_blocks.pop(request.request_id, None)
         self.num_cached_block.pop(request.request_id, None)
         if not blocks:
             return []
-        pool = self.block_pool
-        uncached = []
-        for block in blocks[request.num_computed_tokens // self.block_size:]:
-            if block.block_hash is not None and block.ref_cnt == 1:
-                pool.uncache(block)
-                uncached.append(block.block_id)
-        pool.free_blocks(reversed(blocks))
+        self.block_pool.free_blocks(reversed(blocks))
         ids = [b.block_id for b in blocks]
         if self.events is not None:
-            if uncached:
-                self.events.append(("uncache", request.request_id, uncached, None))
             self.events.append(("free", request.request_id, ids, None))
         return ids
 

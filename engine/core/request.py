@@ -43,7 +43,8 @@ class Request:
         "eos_token_id", "priority", "arrival_time", "cache_salt", "max_tokens", "status",
         "num_computed_tokens", "num_cached_tokens", "num_preemptions", "block_hashes", "stop_reason",
         "error", "block_size", "_extra_keys", "queued_time", "first_scheduled_time", "first_token_time",
-        "finished_time",
+        "finished_time", "num_output_placeholders", "is_prefill_chunk", "num_in_flight_tokens",
+        "num_stale_output_tokens",
     )
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams,
@@ -69,6 +70,13 @@ class Request:
         self.first_scheduled_time: float | None = None
         self.first_token_time: float | None = None
         self.finished_time: float | None = None
+        # Async scheduling (vLLM 0.32 AsyncScheduler): tokens scheduled but not yet sampled back count as
+        # placeholders; tokens of steps still in flight; and, after a preemption, how many of those belong
+        # to steps scheduled before it (their sampled tokens still arrive and are appended).
+        self.num_output_placeholders = 0
+        self.num_in_flight_tokens = 0
+        self.num_stale_output_tokens = 0
+        self.is_prefill_chunk = False
         self._extra_keys = extra_keys_for(cache_salt)
         self.block_size = block_size
         self.block_hashes: list[BlockHash] = []

@@ -19,6 +19,10 @@ class FCFSRequestQueue:
         """A preempted request resumes before anything that arrived after it."""
         self._q.appendleft(request)
 
+    def prepend_requests(self, requests: list[Request]) -> None:
+        """Put skipped requests back at the front, in their order."""
+        self._q.extendleft(reversed(requests))
+
     def peek_request(self) -> Request:
         return self._q[0]
 
@@ -45,6 +49,10 @@ class PriorityRequestQueue:
         heapq.heappush(self._heap, request)
 
     prepend_request = add_request
+
+    def prepend_requests(self, requests: list[Request]) -> None:
+        for request in requests:
+            self.add_request(request)
 
     def peek_request(self) -> Request:
         return self._heap[0]

@@ -5,6 +5,9 @@ tokens left to compute, and a step gives every request as many as the budget all
 and decodes share a batch. When a running request cannot get a block, the newest running request (FCFS)
 or the lowest-priority, latest-arriving one (priority) is preempted and later recomputed; a step that
 preempts admits nobody new.
+
+Every decision follows vLLM 0.32's own Scheduler, checked step for step against it in
+tests/test_vllm_conformance.py; rules that changed across versions name vLLM's option where they apply.
 """
 from __future__ import annotations
 
@@ -34,6 +37,7 @@ class Scheduler:
         self.max_model_len = scheduler_config.max_model_len
         self.long_prefill_token_threshold = scheduler_config.long_prefill_token_threshold
         self.enable_chunked_prefill = scheduler_config.enable_chunked_prefill
+        self.reserve_full_isl = scheduler_config.scheduler_reserve_full_isl
         self.priority_policy = scheduler_config.policy == "priority"
         self.block_size = cache_config.block_size
         self.kv_cache_manager = KVCacheManager(
@@ -75,8 +79,9 @@ class Scheduler:
         n = request.num_prompt_tokens
         if n == 0:
             return "prompt is empty"
-        if n > self.max_model_len:
-            return f"prompt has {n} tokens, more than max_model_len={self.max_model_len}"
+        if n >= self.max_model_len:  # vLLM 0.32's input processor: room for at least one output token
+            return (f"prompt has {n} tokens, longer than max_model_len={self.max_model_len} allows "
+                    "(one output token must fit too)")
         most_tokens = min(n + request.max_tokens, self.max_model_len)
         need = -(-most_tokens // self.block_size)
         have = self.kv_cache_manager.block_pool.num_usable_blocks
@@ -90,7 +95,9 @@ class Scheduler:
         now = self.clock()
         kv = self.kv_cache_manager
         budget = self.max_num_scheduled_tokens
-        threshold = self.long_prefill_token_threshold
+        running = self.running
+        # vLLM 0.32: the long-prefill cap only applies when another request could use the budget.
+        threshold = self.long_prefill_token_threshold if len(running) + len(self.waiting) > 1 else 0
         max_model_len = self.max_model_len
         num_scheduled: dict[str, int] = {}
         new_blocks_of: dict[str, list[KVCacheBlock]] = {}
@@ -98,17 +105,21 @@ class Scheduler:
         preempted: list[Request] = []
         preempted_block_ids: dict[str, list[int]] = {}
 
-        running = self.running
         i = 0
         while i < len(running) and budget > 0:
             req = running[i]
-            n = len(req.all_token_ids) - req.num_computed_tokens
+            placeholders = req.num_output_placeholders
+            if placeholders and req.num_computed_tokens + 2 - placeholders >= req.num_prompt_tokens + req.max_tokens:
+                i += 1  # async: the step in flight already reaches max_tokens
+                continue
+            n = len(req.all_token_ids) + placeholders - req.num_computed_tokens
             if 0 < threshold < n:
                 n = threshold
             if n > budget:
                 n = budget
-            if n > max_model_len - req.num_computed_tokens:
-                n = max_model_len - req.num_computed_tokens
+            # Room for the token this step samples (vLLM 0.32: max_model_len - computed - 1).
+            if n > max_model_len - req.num_computed_tokens - 1:
+                n = max_model_len - req.num_computed_tokens - 1
             if n <= 0:
                 i += 1
                 continue
@@ -139,8 +150,12 @@ class Scheduler:
         prefix_hit_tokens = 0
         if not preempted:
             waiting = self.waiting
+            skipped: list[Request] = []
             while waiting and budget > 0 and len(running) < self.max_num_running_reqs:
                 req = waiting.peek_request()
+                if req.num_stale_output_tokens:
+                    skipped.append(waiting.pop_request())  # async: its pre-preemption output is still due
+                    continue
                 hit_blocks, num_hit = kv.get_computed_blocks(req)
                 n = req.num_tokens - num_hit
                 if 0 < threshold < n:
@@ -148,7 +163,9 @@ class Scheduler:
                 if not self.enable_chunked_prefill and n > budget:
                     break
                 n = min(n, budget)
-                new_blocks = kv.allocate_slots(req, n, num_hit, hit_blocks)
+                new_blocks = kv.allocate_slots(req, n, num_hit, hit_blocks,
+                                               full_sequence_must_fit=self.reserve_full_isl,
+                                               has_scheduled_reqs=bool(running))
                 if new_blocks is None:
                     break
                 waiting.pop_request()
@@ -164,14 +181,23 @@ class Scheduler:
                 num_scheduled[req.request_id] = n
                 budget -= n
                 prefix_hit_tokens += num_hit
+            if skipped:
+                waiting.prepend_requests(skipped)
 
         out = self._make_output(scheduled_new, scheduled_resumed, scheduled_running, new_blocks_of,
                                 num_scheduled, preempted, preempted_block_ids, prefix_hit_tokens)
         self._num_preempted_last_step = len(preempted)
-        requests = self.requests
-        for req_id, n in num_scheduled.items():
-            requests[req_id].num_computed_tokens += n
+        self._update_after_schedule(out)
         return out
+
+    def _update_after_schedule(self, scheduler_output: SchedulerOutput) -> None:
+        """Advance each scheduled request past this step's tokens, so the next step can follow at once."""
+        requests = self.requests
+        for req_id, n in scheduler_output.num_scheduled_tokens.items():
+            req = requests[req_id]
+            req.num_computed_tokens += n
+            req.num_in_flight_tokens += n
+            req.is_prefill_chunk = req.num_computed_tokens < len(req.all_token_ids) + req.num_output_placeholders
 
     def _make_output(self, scheduled_new: list[Request], scheduled_resumed: list[Request],
                      scheduled_running: list[Request], new_blocks_of: dict[str, list[KVCacheBlock]],
@@ -190,7 +216,8 @@ class Scheduler:
             [r.num_computed_tokens for r in scheduled_running])
         # A decode computes the one token after everything computed so far, and it is an output token.
         decode_ids = {r.request_id for r in scheduled_running
-                      if r.num_computed_tokens == len(r.all_token_ids) - 1 and r.output_token_ids}
+                      if r.num_computed_tokens == len(r.all_token_ids) + r.num_output_placeholders - 1
+                      and (r.output_token_ids or r.num_output_placeholders)}
         num_decode_tokens = sum(num_scheduled[rid] for rid in decode_ids)
         for req in scheduled_resumed:
             cached.req_ids.append(req.request_id)
@@ -217,6 +244,9 @@ class Scheduler:
         freed = self.kv_cache_manager.free(request)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
+        # Async: the output of steps in flight still arrives and is appended, but it is stale.
+        request.num_stale_output_tokens = request.num_in_flight_tokens
+        request.num_output_placeholders = 0
         request.num_preemptions += 1
         self.waiting.prepend_request(request)
         return freed
@@ -228,64 +258,74 @@ class Scheduler:
         now = self.clock()
         outputs: list[EngineCoreOutput] = []
         logprobs = model_runner_output.logprobs
-        stopped: set[Request] = set()
+        stopped_running: set[Request] = set()
+        stopped_waiting: set[Request] = set()
         requests = self.requests
         running_status = RequestStatus.RUNNING
-        check_stop = self._check_stop
         # Walk the requests in the scheduler's own order, not the runner's batch order, so that finishes
         # (and so the free queue) never depend on how a runner arranges its batch.
         sampled = dict(zip(model_runner_output.req_ids, model_runner_output.sampled_token_ids))
-        for req_id in scheduler_output.num_scheduled_tokens:
+        for req_id, num_tokens in scheduler_output.num_scheduled_tokens.items():
+            req = requests.get(req_id)
+            if req is None:
+                continue  # finished (or aborted) while this step was in flight
+            req.num_in_flight_tokens -= num_tokens
+            stale = req.num_stale_output_tokens > 0
+            if stale:
+                req.num_stale_output_tokens -= num_tokens
             new_ids = sampled.get(req_id)
             if not new_ids:
                 continue
-            req = requests.get(req_id)
-            if req is None or req.status != running_status:
-                continue
+            status_before = req.status
             if req.first_token_time is None:
                 req.first_token_time = now
-            if len(new_ids) == 1:
-                req.append_output_token_ids(new_ids[0])
-                done = check_stop(req)
-            else:
-                done = False
-                for k, tok in enumerate(new_ids):
-                    req.append_output_token_ids(tok)
-                    if check_stop(req):
-                        new_ids = new_ids[:k + 1]
-                        done = True
-                        break
+            new_ids, done = self._update_request_with_output(req, new_ids, stale, status_before)
             cached = req.num_cached_tokens
             out = EngineCoreOutput(req_id, new_ids, None, None, cached if cached > 0 else 0,
                                    logprobs.get(req_id) if logprobs else None)
             if done:
-                stopped.add(req)
+                (stopped_running if status_before == running_status else stopped_waiting).add(req)
                 out.finish_reason = req.get_finish_reason()
                 out.stop_reason = req.stop_reason
                 out.freed_block_ids = self._finish(req, now)
             outputs.append(out)
-        if stopped:
-            self.running = [r for r in self.running if r not in stopped]
+        if stopped_running:
+            self.running = [r for r in self.running if r not in stopped_running]
+        if stopped_waiting:
+            self.waiting.remove_requests(stopped_waiting)
         for req in self._rejected:
             outputs.append(EngineCoreOutput(req.request_id, [], finish_reason="error", stop_reason=req.error))
         self._rejected.clear()
         return EngineCoreOutputs(outputs, self.make_stats())
 
+    def _update_request_with_output(self, req: Request, new_ids: list[int], stale: bool,
+                                    status_before: RequestStatus) -> tuple[list[int], bool]:
+        """Append the sampled tokens up to the first stop; returns the kept tokens and whether it stopped."""
+        if len(new_ids) == 1:
+            req.append_output_token_ids(new_ids[0])
+            return new_ids, self._check_stop(req)
+        for k, tok in enumerate(new_ids):
+            req.append_output_token_ids(tok)
+            if self._check_stop(req):
+                return new_ids[:k + 1], True
+        return new_ids, False
+
     def _check_stop(self, req: Request) -> bool:
+        """vLLM 0.32's order: EOS, then stop token ids, then length. EOS and stop ids count only after
+        min_tokens (vLLM's sampler masks them until then; our simulator feeds recorded tokens)."""
         num_outputs = len(req.output_token_ids)
+        params = req.sampling_params
+        if num_outputs >= params.min_tokens:
+            last = req.output_token_ids[-1]
+            if not params.ignore_eos and last == req.eos_token_id:
+                req.status = RequestStatus.FINISHED_STOPPED
+                return True
+            if last in params.stop_token_ids:
+                req.status = RequestStatus.FINISHED_STOPPED
+                req.stop_reason = last
+                return True
         if len(req.all_token_ids) >= self.max_model_len or num_outputs >= req.max_tokens:
             req.status = RequestStatus.FINISHED_LENGTH_CAPPED
-            return True
-        params = req.sampling_params
-        if num_outputs < params.min_tokens:
-            return False
-        last = req.output_token_ids[-1]
-        if not params.ignore_eos and last == req.eos_token_id:
-            req.status = RequestStatus.FINISHED_STOPPED
-            return True
-        if last in params.stop_token_ids:
-            req.status = RequestStatus.FINISHED_STOPPED
-            req.stop_reason = last
             return True
         return False
 
@@ -320,6 +360,11 @@ class Scheduler:
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.waiting) or bool(self.running)
+
+    def has_requests(self) -> bool:
+        """vLLM's engine core steps while this holds: unfinished requests, or finishes not yet announced
+        to the workers in a scheduler output (one more, possibly empty, step)."""
+        return self.has_unfinished_requests() or bool(self.finished_req_ids)
 
     def has_pending_outputs(self) -> bool:
         """Rejections not yet reported count as work left for the step loop."""

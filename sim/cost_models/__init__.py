@@ -20,10 +20,11 @@ def _missing(name: str, e: ImportError) -> CostModelError:
 
 def get_cost_model(name_or_path: str, source_trace: Any = None, model: str | dict | None = None,
                    hardware: str | None = None, profile: str | Path | None = None,
-                   step_noise: bool = False) -> CostModel:
+                   residual_seed: int | None = None) -> CostModel:
     """Build a cost model. `source_trace` is the loaded trace a replay comes from (needed by
     `recorded`); `model` a preset name or HF config dict and `hardware` a name (roofline); `profile`
-    a PROFILE.json (calibrated, or measured rates for roofline)."""
+    a PROFILE.json (calibrated, or measured rates for roofline); `residual_seed` (calibrated) draws one
+    sampled replay of the measured residuals instead of the expected step times."""
     name = str(name_or_path)
     if name == "recorded":
         if source_trace is None:
@@ -52,7 +53,7 @@ def get_cost_model(name_or_path: str, source_trace: Any = None, model: str | dic
             from sim.cost_models.calibrated import CalibratedCostModel
         except ImportError as e:
             raise _missing("calibrated", e) from None
-        return CalibratedCostModel.load(path, noise=step_noise)
+        return CalibratedCostModel.load(path, seed=residual_seed)
     raise CostModelError(f"--cost-model: unknown cost model {name!r} (expected one of {', '.join(COST_MODELS)} "
                          "or a PROFILE.json path)")
 

@@ -1,10 +1,13 @@
-"""Step time as a non-negative linear law in the batch's shape, fitted to measured engine steps:
+"""The calibrated cost model: each part of a step cycle (sim.cost_models.parts) as a non-negative linear
+law in the batch's shape, fitted to measured engine steps by `sim calibrate`. The model's own time is
 
-    step_time = c0 + c_p * prefill_tokens + c_d * decode_tokens + c_ctx * context_tokens
-                + c_attn * prefill_attention + c_seq * num_seqs
+    execute = c0 + c_p * prefill_tokens + c_d * decode_tokens + c_ctx * context_tokens
+              + c_attn * prefill_attention + c_seq * num_seqs
 
 Each term is a physical cost (fixed launch/weight read, per-token matmuls, KV reads, causal attention,
 per-sequence bookkeeping), so a cost can never be negative: the fit is NNLS, not plain least squares.
+The host phases and the gap before the next step have laws of their own, and the measured scatter
+around all three is replayed from the profile's residual table (sim.cost_models.residuals).
 """
 from __future__ import annotations
 
@@ -15,22 +18,15 @@ from typing import Any
 import numpy as np
 
 from sim.batch import StepBatch
+from sim.cost_models.parts import PART_TERMS, PARTS, RANGE_FIELDS, StepParts, part_features
+from sim.cost_models.residuals import ResidualSampler
 
 PROFILE_KIND = "stepscope-cost-profile"
-PROFILE_FORMAT_VERSION = 1
+PROFILE_FORMAT_VERSION = 2
+READABLE_FORMAT_VERSIONS = (1, 2)
 COEFFICIENTS = ("c0", "c_p", "c_d", "c_ctx", "c_attn", "c_seq")
 UNITS = {"c0": "s/step", "c_p": "s/prefill token", "c_d": "s/decode token", "c_ctx": "s/context token",
          "c_attn": "s/prefill attention pair", "c_seq": "s/sequence"}
-
-
-def features(batch: StepBatch) -> list[float]:
-    """The regressors of one step, in COEFFICIENTS order."""
-    return [1.0, float(batch.num_prefill_tokens), float(batch.num_decode_tokens), float(batch.context_tokens),
-            float(batch.prefill_attention), float(batch.num_seqs)]
-
-
-def design_matrix(batches: list[StepBatch]) -> np.ndarray:
-    return np.array([features(b) for b in batches], dtype=float).reshape(-1, len(COEFFICIENTS))
 
 
 def nnls(a: np.ndarray, b: np.ndarray, max_iter: int | None = None) -> np.ndarray:
@@ -69,54 +65,6 @@ def nnls(a: np.ndarray, b: np.ndarray, max_iter: int | None = None) -> np.ndarra
         x = s
         w = a.T @ (b - a @ x)
     return x
-
-
-def fit_nnls(x: np.ndarray, y: np.ndarray, robust: bool = True, mad_k: float = 3.0,
-             rounds: int = 10) -> tuple[np.ndarray, np.ndarray]:
-    """Non-negative coefficients and the mask of rows kept. The fit minimises relative error (rows
-    weighted by 1/prediction: step times span orders of magnitude and their noise scales with them).
-    With `robust`, it starts from a least-absolute-deviations fit, which a few wild steps (GC pauses,
-    clock hiccups) cannot drag, then drops rows whose relative residual lies beyond `mad_k` MADs and
-    refits until the kept set settles. Columns that are all zero stay at 0."""
-    keep = y > 0
-    scale = np.linalg.norm(x, axis=0)
-    used = scale > 0
-    if keep.sum() < used.sum():
-        raise ValueError(f"{int(keep.sum())} usable steps cannot fit {int(used.sum())} coefficients")
-    xs = x[:, used] / scale[used]
-    coef = np.zeros(x.shape[1])
-
-    def solve(rows: np.ndarray, mult: np.ndarray) -> np.ndarray:
-        c = np.zeros(x.shape[1])
-        c[used] = nnls(xs[rows] * mult[rows, None], y[rows] * mult[rows]) / scale[used]
-        return c
-
-    floor = 1e-3 * float(np.median(y[keep]))
-    if not robust:
-        coef = solve(keep, 1.0 / np.maximum(y, floor))
-        return solve(keep, 1.0 / np.maximum(x @ coef, floor)), keep
-    coef = solve(keep, np.ones(len(y)))
-    for _ in range(30):
-        # Iteratively reweighted least squares for the L1 fit: weight 1/|residual|.
-        new = solve(keep, 1.0 / np.sqrt(np.maximum(np.abs(y - x @ coef), floor)))
-        done = np.allclose(new, coef, rtol=1e-6, atol=0)
-        coef = new
-        if done:
-            break
-    for _ in range(rounds):
-        pred = np.maximum(x @ coef, floor)
-        r = (y - pred) / pred
-        med = np.median(r[keep])
-        mad = 1.4826 * np.median(np.abs(r[keep] - med))
-        new_keep = (y > 0) & (np.abs(r - med) <= mad_k * max(mad, 1e-9))
-        if new_keep.sum() < used.sum():
-            break
-        stable = (new_keep == keep).all()
-        keep = new_keep
-        coef = solve(keep, 1.0 / pred)
-        if stable:
-            break
-    return coef, keep
 
 
 def error_stats(y: np.ndarray, pred: np.ndarray) -> dict[str, float]:
@@ -160,9 +108,9 @@ def load_profile(path: str | Path) -> dict[str, Any]:
         raise ValueError(f"{p}: not valid JSON ({e.msg} at line {e.lineno})") from None
     if not isinstance(prof, dict) or prof.get("kind") != PROFILE_KIND:
         raise ValueError(f"{p}: kind: not a stepscope cost profile (write one with `sim calibrate`)")
-    if prof.get("format_version") != PROFILE_FORMAT_VERSION:
+    if prof.get("format_version") not in READABLE_FORMAT_VERSIONS:
         raise ValueError(f"{p}: format_version is {prof.get('format_version')!r}, "
-                         f"this stepscope reads {PROFILE_FORMAT_VERSION}")
+                         f"this stepscope reads {' or '.join(map(str, READABLE_FORMAT_VERSIONS))}")
     coef = prof.get("coefficients")
     if not isinstance(coef, dict):
         raise ValueError(f"{p}: coefficients: missing")
@@ -173,45 +121,71 @@ def load_profile(path: str | Path) -> dict[str, Any]:
     return prof
 
 
-_GOLDEN = 0.6180339887498949
-
-
 class CalibratedCostModel:
-    """The fitted law; `load` reads a PROFILE.json written by `sim calibrate`."""
+    """The fitted laws; `load` reads a PROFILE.json written by `sim calibrate`. With a `seed`, each step
+    is scaled by measured residual ratios drawn in blocks (one sampled replay); without, by the mean ratio
+    (the expected step). A profile without parts (format 1) is one law for the whole step."""
 
     name = "calibrated"
 
     def __init__(self, coefficients: dict[str, float], profile: dict[str, Any] | None = None,
-                 path: str | None = None, noise: bool = False) -> None:
+                 path: str | None = None, seed: int | None = None) -> None:
         self.coefficients = {k: float(coefficients[k]) for k in COEFFICIENTS}
         self._coef = [self.coefficients[k] for k in COEFFICIENTS]
         self.profile = profile or {}
         self.path = path
-        quantiles = self.profile.get("residual_quantiles") if noise else None
-        self._residuals = np.asarray(quantiles, dtype=float) if quantiles else None
+        laws = self.profile.get("parts") or {}
+        self._laws = {p: ([float(laws[p]["coefficients"][k]) for k in PART_TERMS[p]], float(laws[p]["mean_ratio"]))
+                      for p in PARTS if p in laws}
+        self._laws["device"] = (self._coef, self._laws.get("device", (None, 1.0))[1])
+        table = self.profile.get("residuals")
+        self.seed = seed
+        self._sampler = ResidualSampler(table, seed) if seed is not None and table else None
+        self._range = self.profile.get("fitted_range") or {}
+        self._outside: dict[str, int] = {}
+        self._num_steps = 0
+        self.last_phases = (0.0, 0.0, 0.0)
 
     @classmethod
-    def load(cls, path: str | Path, noise: bool = False) -> CalibratedCostModel:
-        """`noise`: multiply each step by the measured scatter (see `step_time`) instead of the bare law."""
+    def load(cls, path: str | Path, seed: int | None = None) -> CalibratedCostModel:
         prof = load_profile(path)
-        return cls(prof["coefficients"], prof, str(path), noise)
+        return cls(prof["coefficients"], prof, str(path), seed)
+
+    def step_parts(self, batch: StepBatch, step: int) -> StepParts:
+        """Device, host and gap seconds of this step (async scheduling may overlap host with device)."""
+        self._check_range(batch)
+        mult = self._sampler.at(step) if self._sampler is not None else None
+        out = []
+        for i, part in enumerate(PARTS):
+            law = self._laws.get(part)
+            if law is None:
+                out.append(0.0)
+                continue
+            coef, mean = law
+            t = float(np.dot(coef, part_features(part, batch)))
+            out.append(t * (mean if mult is None else float(mult[i])))
+        return StepParts(*out)
 
     def step_time(self, batch: StepBatch, step: int) -> float:
-        """The law's time, times the measured scatter: step i draws the residual ratio at quantile
-        frac(i * golden ratio), a deterministic low-discrepancy walk through the fitted distribution, so
-        tails (TPOT p90/p99) come out as the engine showed them and the same run gives the same times."""
-        c0, c_p, c_d, c_ctx, c_attn, c_seq = self._coef
-        t = (c0 + c_p * batch.num_prefill_tokens + c_d * batch.num_decode_tokens + c_ctx * batch.context_tokens
-             + c_attn * batch.prefill_attention + c_seq * batch.num_seqs)
-        if self._residuals is None:
-            return t
-        u = (step * _GOLDEN) % 1.0 * (len(self._residuals) - 1)
-        i = int(u)
-        r = self._residuals
-        return float(t * (r[i] + (r[min(i + 1, len(r) - 1)] - r[i]) * (u - i)))
+        """A synchronous engine's step cycle: model, host phases and the gap before the next step."""
+        p = self.step_parts(batch, step)
+        self.last_phases = (0.0, p.device, p.host)
+        return p.total
 
-    def predict(self, batches: list[StepBatch]) -> np.ndarray:
-        return design_matrix(batches) @ np.array(self._coef)
+    def _check_range(self, batch: StepBatch) -> None:
+        self._num_steps += 1
+        for key, limit in self._range.items():
+            get = RANGE_FIELDS.get(key)
+            if get is not None and get(batch) > limit:
+                self._outside[key] = max(self._outside.get(key, 0), int(get(batch)))
+
+    def range_warning(self) -> str | None:
+        """One line when steps of this run had batch shapes beyond those the profile was fitted on."""
+        if not self._outside:
+            return None
+        what = ", ".join(f"{k} up to {v} (fitted up to {self._range[k]})" for k, v in self._outside.items())
+        return (f"profile {self.path or ''} used outside the batch shapes it was fitted on: {what}; "
+                "step times there are extrapolated")
 
     def mismatches(self, meta: dict[str, Any]) -> list[str]:
         """Warnings when a trace's model or device is not the one this profile was fitted on."""
@@ -232,5 +206,6 @@ class CalibratedCostModel:
         model = {k: v for k, v in (prof.get("model") or {}).items() if k != "hf_config"}
         return {"name": self.name, "path": self.path, "coefficients": dict(self.coefficients), "units": UNITS,
                 "model": model, "device": prof.get("device"), "fit": prof.get("fit"),
-                "leave_one_trace_out": prof.get("leave_one_trace_out"),
+                "leave_one_trace_out": prof.get("leave_one_trace_out"), "parts": prof.get("parts"),
+                "seed": self.seed, "fitted_range": self._range,
                 "traces": [t.get("path") for t in prof.get("traces", [])]}

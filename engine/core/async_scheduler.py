@@ -1,0 +1,43 @@
+"""vLLM 0.32's AsyncScheduler: step k+1 is scheduled before step k's sampled tokens are known.
+
+The engine core keeps a batch queue of two, so each request that will sample in a step gets an output
+placeholder when it is scheduled; the next step schedules the token after it without knowing its value.
+A placeholder turns into a real token when the step's output is applied, so stop checks and finishes
+land one step later than in synchronous scheduling, and blocks are published to the prefix cache only
+up to the tokens actually known.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from engine.core.config import CacheConfig, SchedulerConfig
+from engine.core.request import Request, RequestStatus
+from engine.core.sched_output import SchedulerOutput
+from engine.core.scheduler import Scheduler
+
+
+class AsyncScheduler(Scheduler):
+    def _update_after_schedule(self, scheduler_output: SchedulerOutput) -> None:
+        super()._update_after_schedule(scheduler_output)
+        requests = self.requests
+        for req_id in scheduler_output.num_scheduled_tokens:
+            req = requests[req_id]
+            if not req.is_prefill_chunk:
+                req.num_output_placeholders += 1
+
+    def _update_request_with_output(self, req: Request, new_ids: list[int], stale: bool,
+                                    status_before: RequestStatus) -> tuple[list[int], bool]:
+        new_ids, done = super()._update_request_with_output(req, new_ids, stale, status_before)
+        if not stale:  # a preemption already dropped the placeholders of steps in flight
+            req.num_output_placeholders -= len(new_ids)
+        if status_before == RequestStatus.RUNNING:
+            self.kv_cache_manager.cache_blocks(req, req.num_computed_tokens - req.num_output_placeholders)
+        return new_ids, done
+
+
+def make_scheduler(scheduler_config: SchedulerConfig, cache_config: CacheConfig,
+                   clock: Callable[[], float] = time.monotonic) -> Scheduler:
+    """The scheduler class `scheduler_config.async_scheduling` asks for."""
+    cls = AsyncScheduler if scheduler_config.async_scheduling else Scheduler
+    return cls(scheduler_config, cache_config, clock)

@@ -1,0 +1,151 @@
+"""One engine step, written once: add -> schedule -> execute -> update -> record.
+
+The live engine, the simulator and each simulated replica are thin shells over `StepCycle`; they differ
+only in the runner (a model on a device, or fake tokens) and the clock (the wall clock, or simulated
+time that the shell moves while a step runs), so engine/simulator parity holds by construction.
+
+A step is split where a device would run it: `begin` schedules and launches the batch, `finish` waits
+for its tokens, applies them and records the step. With async scheduling (vLLM 0.32's engine core batch
+queue of two) the next step begins before the previous one finishes.
+"""
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from engine.core.outputs import EngineCoreOutput, EngineCoreOutputs, ModelRunnerOutput
+from engine.core.request import Request, RequestStatus
+from engine.core.sched_output import SchedulerOutput
+from engine.core.scheduler import Scheduler
+
+# (schedule starts, execute starts, sample starts, update starts, step ends), on the cycle's clock.
+StepTimes = tuple[float, float, float, float, float]
+logger = logging.getLogger("stepscope")
+
+
+class StepRunner(Protocol):
+    """The model side: launch a batch, then block for its sampled tokens (vLLM's executor split)."""
+
+    def execute_model(self, scheduler_output: SchedulerOutput) -> None: ...
+
+    def sample_tokens(self) -> ModelRunnerOutput: ...
+
+
+class StepRecorder(Protocol):
+    def on_add(self, request: Request) -> None: ...
+
+    def on_step(self, so: SchedulerOutput, outputs: EngineCoreOutputs, times: StepTimes) -> Any: ...
+
+    def on_abort(self, freed: dict[str, list[int]]) -> Any: ...
+
+
+class StepCycle:
+    """Owns the order of a step's calls; `batch_queue_size` 2 is async scheduling, 1 synchronous."""
+
+    def __init__(self, scheduler: Scheduler, runner: StepRunner, clock: Callable[[], float],
+                 recorder: StepRecorder | None = None, batch_queue_size: int = 1) -> None:
+        self.scheduler = scheduler
+        self.runner = runner
+        self.clock = clock
+        self.recorder = recorder
+        self.batch_queue_size = batch_queue_size
+        # (step, schedule start, execute start, the runner's error if launching the batch raised)
+        self.in_flight: deque[tuple[SchedulerOutput, float, float, Exception | None]] = deque()
+        self.num_steps = 0
+        self.num_preemptions = 0
+
+    def add_request(self, request: Request) -> bool:
+        accepted = self.scheduler.add_request(request)
+        if self.recorder is not None:
+            self.recorder.on_add(request)
+        return accepted
+
+    def has_work(self) -> bool:
+        s = self.scheduler
+        return s.has_unfinished_requests() or s.has_pending_outputs()
+
+    def begin(self) -> SchedulerOutput:
+        """Schedule a step and hand its batch to the runner."""
+        t_sched = self.clock()
+        so = self.scheduler.schedule()
+        t_exec = self.clock()
+        error = None
+        try:
+            self.runner.execute_model(so)
+        except Exception as e:  # the step fails alone, see `_fail`
+            error = e
+        self.in_flight.append((so, t_sched, t_exec, error))
+        return so
+
+    def finish(self) -> tuple[SchedulerOutput, EngineCoreOutputs]:
+        """Wait for the oldest step in flight, apply its tokens and record it."""
+        so, t_sched, t_exec, error = self.in_flight.popleft()
+        clock = self.clock
+        t_sample = clock()
+        try:
+            if error is not None:
+                raise error
+            runner_output = self.runner.sample_tokens()
+        except Exception as e:
+            return so, self._fail(so, e, (t_sched, t_exec, t_sample))
+        t_update = clock()
+        outputs = self.scheduler.update_from_output(so, runner_output)
+        t_end = clock()
+        self.num_steps += 1
+        self.num_preemptions += len(so.preempted_req_ids)
+        if self.recorder is not None:
+            self.recorder.on_step(so, outputs, (t_sched, t_exec, t_sample, t_update, t_end))
+        return so, outputs
+
+    def _fail(self, so: SchedulerOutput, error: Exception, times: tuple[float, float, float]) -> EngineCoreOutputs:
+        """The forward or sampling raised: end exactly this step's requests with the error (their blocks
+        freed, their advanced progress gone with them) so every other request keeps being served."""
+        scheduler = self.scheduler
+        message = f"{type(error).__name__}: {error}"
+        ids = [rid for rid in so.num_scheduled_tokens if rid in scheduler.requests]
+        logger.error("step %d failed, ending its %d request(s): %s", self.num_steps, len(ids), message)
+        for rid in ids:
+            scheduler.requests[rid].error = message
+        t_fail = self.clock()
+        self.num_steps += 1
+        self.num_preemptions += len(so.preempted_req_ids)
+        if self.recorder is not None:
+            self.recorder.on_step(so, EngineCoreOutputs([], scheduler.make_stats()), (*times, t_fail, t_fail))
+        freed = scheduler.finish_requests(ids, RequestStatus.FINISHED_ERROR)
+        # The runner may have raised before dropping the requests that finished last step: tell it again.
+        scheduler.finished_req_ids |= so.finished_req_ids
+        if self.recorder is not None:
+            self.recorder.on_abort(freed)
+        outputs = [EngineCoreOutput(rid, [], "error", message, freed_block_ids=blocks) for rid, blocks in freed.items()]
+        return EngineCoreOutputs(outputs, scheduler.make_stats())
+
+    def step(self) -> EngineCoreOutputs:
+        """One call of the engine core's loop: synchronous, or vLLM's step_with_batch_queue order
+        (schedule the next step while one is in flight; finish the oldest once the queue is full or
+        nothing more can be scheduled)."""
+        if self.has_work():
+            so = self.begin()
+            if len(self.in_flight) < self.batch_queue_size and (so.total_num_scheduled_tokens or self.has_work()):
+                return EngineCoreOutputs()
+        elif not self.in_flight:
+            return EngineCoreOutputs()
+        return self.finish()[1]
+
+
+class DeferredRunner:
+    """Runs a batch only when its tokens are asked for. A runner that keeps each request's sampled
+    tokens in its own state then works under async scheduling unchanged: the decisions are vLLM's async
+    ones, but the next step's host work does not overlap this step's device work."""
+
+    def __init__(self, runner: StepRunner) -> None:
+        self.runner = runner
+        self.queue: deque[SchedulerOutput] = deque()
+
+    def execute_model(self, scheduler_output: SchedulerOutput) -> None:
+        self.queue.append(scheduler_output)
+
+    def sample_tokens(self) -> ModelRunnerOutput:
+        self.runner.execute_model(self.queue.popleft())
+        return self.runner.sample_tokens()

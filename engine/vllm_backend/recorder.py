@@ -1,0 +1,160 @@
+"""Turns what vLLM's own scheduler did into stepscope trace rows, through `traces.recorder.TraceRecorder`.
+
+The scheduler subclasses (`scheduler.py`) call `on_add`, `on_schedule`, `on_execute_end`,
+`on_update` and `on_abort`; block events come from wrapping the KV cache manager's `allocate_slots`,
+`cache_blocks` and `free` on the instance, so they are recorded in the order vLLM made them. Steps are
+matched to their outputs in schedule order (FIFO), which is both the synchronous order and the
+engine core's batch-queue order under async scheduling.
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from engine.vllm_backend.views import KVView, RecordedRequest, SchedulerView, core_output, core_outputs
+from traces.recorder import TraceRecorder
+from traces.writer import TraceWriter
+
+
+class VllmStepRecorder:
+    """One per vLLM scheduler; `t0` is time zero of the trace on `time.monotonic()`."""
+
+    def __init__(self, scheduler: Any, trace_dir: str, meta: dict[str, Any], t0: float | None = None) -> None:
+        self.scheduler = scheduler
+        self.kv = KVView(scheduler.kv_cache_manager)
+        self.t0 = time.monotonic() if t0 is None else t0
+        # vLLM stamps arrivals with time.time(); the trace's clock is monotonic.
+        self.wall_minus_mono = time.time() - time.monotonic()
+        meta = {**meta, "clock_origin_unix_ns": int((self.t0 + self.wall_minus_mono) * 1e9)}
+        self.writer = TraceWriter(trace_dir, meta)
+        self.recorder = TraceRecorder(self.writer, SchedulerView(scheduler, self.kv), self.t0)
+        self.requests: dict[str, RecordedRequest] = {}
+        self.in_flight: deque[list[Any]] = deque()
+        self._freed: list[tuple[str, list[int]]] = []
+        self._wrap_kv_manager(scheduler.kv_cache_manager)
+
+    def set_t0(self, t0: float) -> None:
+        """Move time zero (before the first request): `engine run` counts from its own start."""
+        self.t0 = self.recorder.t0 = t0
+        self.writer.update_meta(clock_origin_unix_ns=int((t0 + self.wall_minus_mono) * 1e9))
+
+    # ---- block events, in the order vLLM's KV cache manager makes them -----------------------------
+    def _wrap_kv_manager(self, manager: Any) -> None:
+        kv = self.kv
+        allocate, cache, free = manager.allocate_slots, manager.cache_blocks, manager.free
+
+        def allocate_slots(request: Any, *args: Any, **kwargs: Any) -> Any:
+            rid = request.request_id
+            held, cached = len(kv.req_to_blocks.get(rid, ())), kv.num_cached_blocks(rid)
+            computed = args[2] if len(args) > 2 else kwargs.get("new_computed_blocks")
+            out = allocate(request, *args, **kwargs)
+            if out is not None:
+                blocks = kv.req_to_blocks.get(rid, ())
+                if len(blocks) > held:  # only the tail: a decode step must not cost O(blocks held)
+                    ids = [b.block_id for b in blocks[held:]]
+                    num_hit = len(computed.blocks[0]) if computed is not None and computed.blocks else 0
+                    if num_hit:
+                        kv.events.append(("hit", rid, ids[:num_hit], None))
+                    if len(ids) > num_hit:
+                        kv.events.append(("new", rid, ids[num_hit:], None))
+                    cached = max(cached, held + num_hit)
+                self._cached_since(rid, cached)
+            return out
+
+        def cache_blocks(request: Any, num_computed_tokens: int) -> None:
+            rid = request.request_id
+            before = kv.num_cached_blocks(rid)
+            cache(request, num_computed_tokens)
+            self._cached_since(rid, before)
+
+        def free_blocks(request: Any) -> None:
+            ids = kv.block_ids(request.request_id)
+            free(request)
+            if ids:
+                kv.events.append(("free", request.request_id, ids, None))
+            self._freed.append((request.request_id, ids))
+
+        manager.allocate_slots, manager.cache_blocks, manager.free = allocate_slots, cache_blocks, free_blocks
+
+    def _cached_since(self, rid: str, before: int) -> None:
+        after = self.kv.num_cached_blocks(rid)
+        if after > before:
+            blocks = self.kv.req_to_blocks[rid][before:after]
+            self.kv.events.append(("cache", rid, [b.block_id for b in blocks],
+                                   [b.block_hash.hex() for b in blocks]))
+
+    def take_freed(self) -> list[tuple[str, list[int]]]:
+        freed, self._freed = self._freed, []
+        return freed
+
+    # ---- the scheduler's calls -----------------------------------------------------------------------
+    def on_add(self, request: Any) -> None:
+        now = time.monotonic()
+        rec = RecordedRequest(request.request_id, request.arrival_time - self.wall_minus_mono, now,
+                              request.num_prompt_tokens, list(request.prompt_token_ids or ()), request.max_tokens,
+                              request.priority)
+        self.requests[rec.request_id] = rec
+        self.recorder.on_add(rec)
+
+    def on_schedule(self, so: Any, start: float, end: float) -> None:
+        preempted = self.take_freed()
+        recs = self.requests
+        for rid, _ in preempted:
+            if (r := recs.get(rid)) is not None:
+                r.num_preemptions += 1
+        resumed_as_new = set()
+        for d in so.scheduled_new_reqs:
+            r = recs.get(d.req_id)
+            if r is None:
+                continue
+            if r.first_scheduled_time is None:
+                r.first_scheduled_time = start
+                r.num_cached_tokens = d.num_computed_tokens
+            else:
+                resumed_as_new.add(d.req_id)
+        step = [core_output(so, self.scheduler.requests, preempted, resumed_as_new), start, end, end]
+        self.in_flight.append(step)
+
+    def on_execute_end(self, when: float) -> None:
+        """vLLM asks for the grammar bitmask between the forward pass and sampling."""
+        for step in reversed(self.in_flight):
+            step[3] = when
+            break
+
+    def on_update(self, outputs: dict[int, Any], update_start: float, end: float) -> None:
+        freed = dict(self.take_freed())
+        so, start, sched_end, exec_end = self.in_flight.popleft()
+        core = core_outputs(outputs, freed)
+        if not (so.total_num_scheduled_tokens or so.preempted_req_ids or core.outputs or self.kv.events):
+            return  # vLLM's empty step that only tells the workers which requests finished: no decision
+        recs = self.requests
+        for o in core.outputs:
+            r = recs.get(o.request_id)
+            if r is None:
+                continue
+            if o.new_token_ids:
+                if r.first_token_time is None:
+                    r.first_token_time = end
+                r.output_token_ids.extend(o.new_token_ids)
+            if o.finish_reason is not None:
+                r.finish_reason, r.finished_time = o.finish_reason, end
+        self.recorder.on_step(so, core, start, end, sched_end - start, exec_end - sched_end,
+                              update_start - exec_end)
+        for o in core.outputs:
+            if o.finish_reason is not None:
+                recs.pop(o.request_id, None)
+
+    def on_abort(self, reason_of: Callable[[str], str]) -> None:
+        """After vLLM's `finish_requests`: the requests it ended from outside, with the blocks they held."""
+        now = time.monotonic()
+        freed = dict(self.take_freed())
+        for rid in freed:
+            if (r := self.requests.pop(rid, None)) is not None:
+                r.finish_reason, r.finished_time = reason_of(rid), now
+        if freed:
+            self.recorder.on_abort(freed)
+
+    def close(self, **final_meta: Any) -> None:
+        self.recorder.close(**final_meta)

@@ -1,0 +1,123 @@
+"""`engine run --backend vllm`: the same workload as the stepscope engine, on the wall clock, through
+vLLM's own `LLMEngine` with a recording scheduler, into the same trace directory format.
+
+The engine core runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0) so the run can reach its
+scheduler: to date time zero at the run's start, add the workload to meta.json and close the trace.
+Requests go through `engine.run.run_workload`, so both backends see the very same prompts and times.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from argparse import Namespace
+from pathlib import Path
+from typing import Any
+
+from engine.vllm_backend import TRACE_DIR_ENV
+
+# vLLM's CPU attention takes blocks in multiples of 32 tokens.
+CPU_BLOCK_SIZE = 32
+
+
+class VllmEngineAdapter:
+    """vLLM's LLMEngine under the names `run_workload` drives (stepscope's add_request/step)."""
+
+    def __init__(self, engine: Any, vocab_size: int) -> None:
+        from types import SimpleNamespace
+
+        self.engine = engine
+        self.config = SimpleNamespace(model_config=SimpleNamespace(hf_config=SimpleNamespace(vocab_size=vocab_size)))
+        self.wall_minus_mono = time.time() - time.monotonic()
+
+    @property
+    def scheduler(self) -> Any:
+        return self.engine.engine_core.engine_core.scheduler
+
+    def add_request(self, request_id: str, prompt: dict[str, Any], params: Any, arrival_time: float) -> None:
+        from vllm import SamplingParams
+
+        vparams = SamplingParams(max_tokens=params.max_tokens, temperature=params.temperature,
+                                 ignore_eos=params.ignore_eos)
+        self.engine.add_request(request_id, {"prompt_token_ids": list(prompt["prompt_token_ids"])}, vparams,
+                                arrival_time=arrival_time + self.wall_minus_mono)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.engine.has_unfinished_requests()
+
+    def step(self) -> list[Any]:
+        return [o for o in self.engine.step() if o.finished]
+
+
+def vllm_engine_kwargs(args: Namespace, model_dir: str) -> dict[str, Any]:
+    """stepscope's engine flags under vLLM's EngineArgs names (the same names, mostly)."""
+    kw: dict[str, Any] = {
+        "model": model_dir, "max_model_len": args.max_model_len, "max_num_seqs": args.max_num_seqs,
+        "max_num_batched_tokens": args.max_num_batched_tokens, "block_size": args.block_size,
+        "num_gpu_blocks_override": args.num_gpu_blocks_override,
+        "enable_prefix_caching": args.enable_prefix_caching, "enable_chunked_prefill": args.enable_chunked_prefill,
+        "long_prefill_token_threshold": args.long_prefill_token_threshold, "scheduling_policy": args.scheduling_policy,
+        "seed": args.seed, "dtype": "float32" if args.dtype == "auto" else args.dtype,
+        "enforce_eager": True, "gpu_memory_utilization": min(args.gpu_memory_utilization, 0.2),
+        "kv_cache_memory_bytes": args.kv_cache_memory or (64 << 20),
+        "scheduler_cls": "engine.vllm_backend.scheduler.RecordingScheduler", "disable_log_stats": True}
+    for flag in ("async_scheduling", "scheduler_reserve_full_isl"):
+        if getattr(args, flag, None) is not None:
+            kw[flag] = getattr(args, flag)
+    if kw.get("async_scheduling"):
+        kw["scheduler_cls"] = "engine.vllm_backend.scheduler.RecordingAsyncScheduler"
+    return {k: v for k, v in kw.items() if v is not None}
+
+
+def build_vllm_engine(engine_kwargs: dict[str, Any], trace_dir: str | Path) -> VllmEngineAdapter:
+    """An in-process vLLM engine (vLLM EngineArgs as `engine_kwargs`) whose scheduler records into
+    `trace_dir`; request ids are kept as given, so the trace names the workload's requests."""
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    os.environ["VLLM_DISABLE_REQUEST_ID_RANDOMIZATION"] = "1"
+    os.environ[TRACE_DIR_ENV] = str(trace_dir)
+    try:
+        from vllm import EngineArgs, LLMEngine
+    except ImportError as e:
+        raise ValueError(f"--backend vllm: vLLM is not installed ({e}); pip install 'stepscope[vllm]'") from None
+    try:
+        engine = LLMEngine.from_engine_args(EngineArgs(**engine_kwargs))
+    finally:
+        del os.environ[TRACE_DIR_ENV]
+    return VllmEngineAdapter(engine, engine.model_config.hf_config.vocab_size)
+
+
+def main_run_vllm(args: Namespace, workload: Any) -> int:
+    """`engine run --backend vllm`; with no --model the built-in model, saved as a checkpoint first."""
+    import traces
+    from engine.run import run_workload
+    from traces.summary import format_summary, summarize
+
+    if getattr(args, "block_size", None) == 16:  # stepscope's default, which vLLM-CPU refuses
+        args.block_size = CPU_BLOCK_SIZE
+    tmp_model = None
+    model_dir = args.model
+    if model_dir is None:
+        from engine.vllm_backend.checkpoint import save_builtin_checkpoint
+
+        tmp_model = tempfile.TemporaryDirectory(prefix="stepscope-builtin-")
+        model_dir = str(save_builtin_checkpoint(tmp_model.name, args.seed))
+    elif not Path(model_dir).is_dir():
+        raise ValueError(f"--model: {model_dir}: --backend vllm needs a local checkpoint directory")
+    tmp = None if args.trace else tempfile.TemporaryDirectory(prefix="stepscope-vllm-")
+    trace_dir = args.trace or tmp.name
+    engine = build_vllm_engine(vllm_engine_kwargs(args, model_dir), trace_dir)
+    sched = engine.scheduler
+    sched.stepscope.writer.update_meta(workload={**workload.to_dict(), "time_scale": args.time_scale,
+                                                 "max_requests": args.max_requests})
+    sched.stepscope.set_t0(time.monotonic())
+    result = run_workload(engine, workload, args.time_scale, args.max_requests, progress=not args.no_progress)
+    sched.close_trace(interrupted=result.interrupted, wall_time=result.wall_time)
+    trace = traces.load(trace_dir)
+    print(format_summary(summarize(trace.requests, trace.steps)))
+    if tmp is None:
+        print(f"trace: {trace_dir}")
+    else:
+        tmp.cleanup()
+    if tmp_model is not None:
+        tmp_model.cleanup()
+    return 130 if result.interrupted else 0

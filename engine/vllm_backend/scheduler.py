@@ -1,0 +1,86 @@
+"""vLLM scheduler subclasses that record every step as a stepscope trace, while vLLM decides.
+
+Pass one to vLLM as `scheduler_cls` (a class, or its qualified name for `vllm serve --scheduler-cls`):
+`engine.vllm_backend.scheduler.RecordingScheduler` for synchronous scheduling,
+`engine.vllm_backend.scheduler.RecordingAsyncScheduler` with async scheduling (vLLM requires an
+AsyncScheduler subclass there). The trace goes to `$STEPSCOPE_TRACE_DIR`; without it the classes
+behave exactly as vLLM's own and record nothing. vLLM builds the scheduler inside its engine core
+(another process under `vllm serve`), which is why the directory travels as an environment variable.
+"""
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.request import RequestStatus
+
+from engine.vllm_backend import TRACE_DIR_ENV
+from engine.vllm_backend.meta import trace_meta
+from engine.vllm_backend.recorder import VllmStepRecorder
+
+
+class _Recording:
+    """The recording half, shared by both subclasses; every override calls vLLM's method unchanged."""
+
+    stepscope: VllmStepRecorder | None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        trace_dir = os.environ.get(TRACE_DIR_ENV)
+        self.stepscope = VllmStepRecorder(self, trace_dir, trace_meta(self)) if trace_dir else None
+
+    def add_request(self, request: Any) -> None:
+        super().add_request(request)
+        if self.stepscope is not None and request.request_id not in self.stepscope.requests:
+            self.stepscope.on_add(request)
+
+    def schedule(self, *args: Any, **kwargs: Any) -> Any:
+        if self.stepscope is None:
+            return super().schedule(*args, **kwargs)
+        start = time.monotonic()
+        so = super().schedule(*args, **kwargs)
+        self.stepscope.on_schedule(so, start, time.monotonic())
+        return so
+
+    def get_grammar_bitmask(self, scheduler_output: Any) -> Any:
+        if self.stepscope is not None:
+            self.stepscope.on_execute_end(time.monotonic())
+        return super().get_grammar_bitmask(scheduler_output)
+
+    def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
+        if self.stepscope is None:
+            return super().update_from_output(scheduler_output, model_runner_output)
+        start = time.monotonic()
+        outputs = super().update_from_output(scheduler_output, model_runner_output)
+        self.stepscope.on_update(outputs, start, time.monotonic())
+        return outputs
+
+    def finish_requests(self, request_ids: Any, finished_status: RequestStatus) -> Any:
+        ended = super().finish_requests(request_ids, finished_status)
+        if self.stepscope is not None:
+            reason = str(RequestStatus.get_finished_reason(finished_status))
+            self.stepscope.on_abort(lambda rid: reason)
+        return ended
+
+    def shutdown(self) -> None:
+        # vLLM's engine core process is given seconds to exit: end the trace without the Parquet
+        # compaction (the JSON-lines streams are a complete trace too).
+        self.close_trace(compact=False)
+        super().shutdown()
+
+    def close_trace(self, **final_meta: Any) -> None:
+        """Write the last rows and compact the trace; a second call does nothing."""
+        if self.stepscope is not None:
+            rec, self.stepscope = self.stepscope, None
+            rec.close(**final_meta)
+
+
+class RecordingScheduler(_Recording, Scheduler):
+    """vLLM's synchronous `Scheduler`, recorded."""
+
+
+class RecordingAsyncScheduler(_Recording, AsyncScheduler):
+    """vLLM's `AsyncScheduler` (step k+1 scheduled before step k's output is applied), recorded."""

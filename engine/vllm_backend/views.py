@@ -1,0 +1,144 @@
+"""vLLM's scheduler objects seen through the names `traces.recorder.TraceRecorder` reads, so the
+project's one recorder writes vLLM runs too (no second trace writer to keep in step with the format)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.core.outputs import EngineCoreOutput, EngineCoreOutputs
+from engine.core.sched_output import CachedRequestData, NewRequestData, SchedulerOutput
+
+
+@dataclass(slots=True)
+class RecordedRequest:
+    """What the trace's `requests` table holds about one vLLM request, on the recorder's monotonic clock."""
+
+    request_id: str
+    arrival_time: float
+    queued_time: float
+    num_prompt_tokens: int
+    prompt_token_ids: list[int]
+    max_tokens: int | None
+    priority: int = 0
+    output_token_ids: list[int] = field(default_factory=list)
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    finished_time: float | None = None
+    num_cached_tokens: int = -1
+    num_preemptions: int = 0
+    finish_reason: str | None = None
+    error: str | None = None
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    def is_finished(self) -> bool:
+        return self.finish_reason is not None
+
+    def get_finish_reason(self) -> str | None:
+        return self.finish_reason
+
+
+class PoolView:
+    """vLLM's BlockPool: block 0 is its null block too, so the usable count is num_gpu_blocks - 1."""
+
+    __slots__ = ("pool", "num_usable_blocks", "blocks")
+
+    def __init__(self, pool: Any) -> None:
+        self.pool = pool
+        self.num_usable_blocks = pool.num_gpu_blocks - 1
+        self.blocks = pool.blocks
+
+    def get_num_free_blocks(self) -> int:
+        return self.pool.get_num_free_blocks()
+
+
+class KVView:
+    """vLLM's KVCacheManager (one full-attention group) plus the block events list the recorder drains."""
+
+    __slots__ = ("manager", "block_pool", "events", "_single")
+
+    def __init__(self, manager: Any) -> None:
+        self.manager = manager
+        self.block_pool = PoolView(manager.block_pool)
+        self.events: list[tuple] = []
+        self._single = manager.coordinator.single_type_managers[0]
+
+    @property
+    def req_to_blocks(self) -> dict[str, list[Any]]:
+        return self._single.req_to_blocks
+
+    def block_ids(self, request_id: str) -> list[int]:
+        return [b.block_id for b in self._single.req_to_blocks.get(request_id, ())]
+
+    def num_cached_blocks(self, request_id: str) -> int:
+        return self._single.num_cached_block.get(request_id, 0)
+
+
+class SchedulerView:
+    """The queues the recorder counts after each step, read live from vLLM's scheduler."""
+
+    __slots__ = ("scheduler", "kv_cache_manager")
+
+    def __init__(self, scheduler: Any, kv: KVView) -> None:
+        self.scheduler = scheduler
+        self.kv_cache_manager = kv
+
+    @property
+    def running(self) -> list[Any]:
+        return self.scheduler.running
+
+    @property
+    def waiting(self) -> Any:
+        return self.scheduler.waiting
+
+
+def core_output(so: Any, requests: dict[str, Any], preempted: list[tuple[str, list[int]]],
+                resumed_as_new: set[str] = frozenset()) -> SchedulerOutput:
+    """vLLM's SchedulerOutput as engine.core's, read right after vLLM's `schedule()` returned.
+
+    Called after vLLM advanced `num_computed_tokens`: a running request's step is a decode when it
+    computes one token, that token is an output token, and it is the last token known (vLLM's
+    `is_prefill_chunk` is false), which is engine.core's rule. vLLM's v2 model runner sends resumed
+    requests as new ones (`resumed_as_new`); they are listed after the running ones, as engine.core does.
+    """
+    num = so.num_scheduled_tokens
+    new = [NewRequestData(d.req_id, [], None, list(d.block_ids[0]) if d.block_ids else [], d.num_computed_tokens)
+           for d in so.scheduled_new_reqs if d.req_id not in resumed_as_new]
+    c = so.scheduled_cached_reqs
+    resumed = c.resumed_req_ids
+    cached = CachedRequestData(
+        list(c.req_ids), [rid in resumed for rid in c.req_ids], [None] * len(c.req_ids),
+        [list(ids[0]) if ids else [] for ids in c.new_block_ids], list(c.num_computed_tokens))
+    for d in so.scheduled_new_reqs:
+        if d.req_id in resumed_as_new:
+            cached.req_ids.append(d.req_id)
+            cached.resumed_from_preemption.append(True)
+            cached.resumed_token_ids.append(None)
+            cached.new_block_ids.append(list(d.block_ids[0]) if d.block_ids else [])
+            cached.num_computed_tokens.append(d.num_computed_tokens)
+    decode = set()
+    for rid in c.req_ids:
+        if num[rid] == 1 and rid not in resumed:
+            r = requests[rid]
+            if r.num_computed_tokens - 1 >= r.num_prompt_tokens and not r.is_prefill_chunk:
+                decode.add(rid)
+    hits = sum(d.num_computed_tokens for d in so.scheduled_new_reqs)
+    hits += sum(n for rid, n in zip(c.req_ids, c.num_computed_tokens) if rid in resumed)
+    num_decode = len(decode)
+    total = so.total_num_scheduled_tokens
+    return SchedulerOutput(new, cached, dict(num), total, set(so.finished_req_ids),
+                           [rid for rid, _ in preempted], dict(preempted), total - num_decode, num_decode, hits,
+                           decode)
+
+
+def core_outputs(outputs: dict[int, Any], freed: dict[str, list[int]]) -> EngineCoreOutputs:
+    """vLLM's per-client EngineCoreOutputs merged into one engine.core EngineCoreOutputs."""
+    out = []
+    for eco in outputs.values():
+        for o in eco.outputs:
+            reason = None if o.finish_reason is None else str(o.finish_reason)
+            out.append(EngineCoreOutput(o.request_id, list(o.new_token_ids), reason,
+                                        freed_block_ids=freed.get(o.request_id)))
+    return EngineCoreOutputs(out)

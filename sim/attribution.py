@@ -1,0 +1,131 @@
+"""Where a replay's latency error comes from: `sim compare`'s breakdown of each metric's difference.
+
+Trace A (the engine) is re-timed three times on its own decisions, swapping in B's times one part at a
+time on the steps where both made identical decisions:
+
+    M0: A's decisions, A's own step parts    (A as the re-timing sees it)
+    M1: ... with B's model time (execute) on identical steps
+    M2: ... and B's host phases and inter-step gap on identical steps
+    MB: trace B itself
+
+so that  MB - M0 = (M1 - M0) step-time error + (M2 - M1) host/gap error + (MB - M2) decision divergence,
+exactly. The last term is what a different sequence of decisions (other batches, other admission
+order) did, including any error of B's times on the steps that are not identical.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from sim.report import token_times
+from traces.summary import summarize
+
+ATTRIBUTED = tuple(f"{m}_p{q}_s" for m in ("ttft", "tpot", "e2e") for q in (50, 90, 99)) + (
+    "output_throughput_tok_s",)
+
+
+def step_parts(steps: pd.DataFrame) -> dict[str, np.ndarray]:
+    """Per step (by index): model time, host time inside the step, gap to the next step while busy, and
+    whether the step before it left work (so it started without waiting for an arrival)."""
+    s = steps.sort_values("step")
+    start, end = s["start"].to_numpy(float), s["end"].to_numpy(float)
+    dur = np.maximum(end - start, 0.0)
+    execute = s["execute_time"].fillna(0).to_numpy(float) if "execute_time" in s else np.zeros(len(s))
+    device = np.where((execute > 0).any(), np.minimum(execute, dur), dur)
+    busy = ((s["num_running"] + s["num_waiting"]) > 0).to_numpy().copy()
+    busy[-1:] = False
+    gap = np.where(busy, np.maximum(np.r_[start[1:], np.inf] - end, 0.0), 0.0)
+    return {"start": start, "device": device, "host": dur - device, "gap": gap,
+            "after_busy": np.r_[False, busy[:-1]]}
+
+
+def retime(parts: dict[str, np.ndarray]) -> np.ndarray:
+    """Step ends on a clock rebuilt from the parts: a step starts when the previous cycle ends, or at its
+    recorded start if the engine was idle before it (it waited for an arrival)."""
+    start, dev, host, gap, after_busy = (parts[k] for k in ("start", "device", "host", "gap", "after_busy"))
+    ends = np.empty(len(start))
+    t = -np.inf
+    for i in range(len(start)):
+        s = t if after_busy[i] else max(t, start[i])
+        ends[i] = s + dev[i] + host[i]
+        t = ends[i] + gap[i]
+    return ends
+
+
+def metrics_with_ends(trace: Any, ends: np.ndarray) -> dict[str, Any]:
+    """The summary metrics of `trace`'s decisions if its steps had ended at `ends`."""
+    steps = trace.steps.sort_values("step").assign(end=ends)
+    codes, times = token_times(trace.decisions, steps)
+    ids = pd.factorize(trace.decisions["request_id"])[1]
+    tok = pd.DataFrame({"request_id": np.asarray(ids)[codes], "t": times}).groupby("request_id")["t"]
+    req = trace.requests.set_index("request_id")
+    first, last = tok.min().reindex(req.index), tok.max().reindex(req.index)
+    req = req.assign(first_token=first, finish=last.where(req["finish"].notna())).reset_index()
+    return summarize(req)
+
+
+def predicted_parts(a: Any, b: Any) -> dict[str, np.ndarray] | None:
+    """A's steps as B's calibrated cost model (from B's meta) would time them: device, host + gap folded
+    into host as the simulator pays them; None when B was not run on a calibrated profile."""
+    cm = (b.meta or {}).get("cost_model") or {}
+    if cm.get("name") != "calibrated" or not cm.get("coefficients"):
+        return None
+    from sim.calibrate import _batches, _step_table
+    from sim.cost_models.calibrated import CalibratedCostModel
+
+    model = CalibratedCostModel(cm["coefficients"], {"parts": cm.get("parts")})
+    table = _step_table(a)
+    n = len(a.steps)
+    out = {"device": np.zeros(n), "host": np.zeros(n), "gap": np.zeros(n)}
+    index = {s: i for i, s in enumerate(a.steps.sort_values("step")["step"].to_numpy())}
+    for step, batch in zip(table.index, _batches(table)):
+        p = model.step_parts(batch, 0)
+        i = index[step]
+        out["device"][i], out["host"][i], out["gap"][i] = p.device, p.host, p.gap
+    return out
+
+
+def attribute(a: Any, b: Any, identical: np.ndarray) -> dict[str, Any]:
+    """The breakdown of B - A per metric (seconds, or tok/s for throughput); `identical[i]` is True when
+    step i made the same decisions in both traces. On the other steps B's times are the ones its
+    calibrated cost model predicts for A's batches (when B's meta has one), else A's own."""
+    pa, pb = step_parts(a.steps), step_parts(b.steps)
+    n, k = len(pa["start"]), min(len(pa["start"]), len(pb["start"]))
+    same = np.zeros(n, dtype=bool)
+    same[:k] = identical[:k]
+    pred = predicted_parts(a, b)
+    swap = {}
+    for key in ("device", "host", "gap"):
+        other = pa[key] if pred is None else pred[key]
+        swap[key] = np.where(same, np.r_[pb[key][:k], np.zeros(n - k)], other)
+    # A step of B's folds its gap into the step; keep A's idle waits (gap 0 after an idle step) as they are.
+    if pred is not None:
+        swap["host"] = np.where(same, swap["host"], swap["host"] + np.where(pa["gap"] > 0, swap["gap"], 0.0))
+        swap["gap"] = np.where(same, swap["gap"], 0.0)
+    p1 = {**pa, "device": swap["device"]}
+    p2 = {**p1, "host": swap["host"], "gap": swap["gap"]}
+    m0, m1, m2 = (metrics_with_ends(a, retime(p)) for p in (pa, p1, p2))
+    mb, ma = summarize(b.requests), summarize(a.requests)
+    out = {}
+    for name in ATTRIBUTED:
+        v = [m.get(name, np.nan) for m in (ma, m0, m1, m2, mb)]
+        out[name] = {"a": v[0], "b": v[4], "total": v[4] - v[0], "step_time": v[2] - v[1],
+                     "host_gap": v[3] - v[2], "divergence": v[4] - v[3], "retiming": v[1] - v[0]}
+    return {"identical_steps": int(same.sum()), "steps_a": n, "predicted_from": None if pred is None else
+            "B's calibrated cost model", "metrics": out}
+
+
+def format_attribution(r: dict[str, Any]) -> list[str]:
+    other = r.get("predicted_from") or "A's own times"
+    lines = [f"error breakdown (B - A; B's times on {r['identical_steps']} of {r['steps_a']} identical steps, "
+             f"{other} on the others): step time | host+gap | decisions | re-timing"]
+    for name, m in r["metrics"].items():
+        if not np.isfinite(m["a"]) or m["a"] == 0:
+            continue
+        p = {k: f"{m[k] / abs(m['a']) * 100:+7.2f}%" for k in ("total", "step_time", "host_gap", "divergence",
+                                                                "retiming")}
+        lines.append(f"  {name:<24} total {p['total']} = {p['step_time']} | {p['host_gap']} | "
+                     f"{p['divergence']} | {p['retiming']}")
+    return lines

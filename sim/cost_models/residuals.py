@@ -1,0 +1,79 @@
+"""How measured steps scatter around the fitted laws, kept whole and replayed by a seeded block bootstrap.
+
+On a shared machine a step is slow mostly because something else holds the CPU for a while: slow steps
+come in runs (the log-ratio's autocorrelation stays high for tens of steps), and no batch-shape term
+explains them. So no step is dropped: every step's ratio measured / law (device, host and gap together,
+so their correlation survives) is stored in step order, and a sampled replay draws contiguous blocks of
+those ratios. Blocks keep the runs of slow steps that move TTFT and TPOT tails; independent draws would
+average them away and give intervals that are far too narrow.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from sim.cost_models.parts import PARTS
+
+MAX_BLOCK = 64
+
+
+def block_length(log_ratio: np.ndarray) -> int:
+    """Twice the first lag at which the autocorrelation of the device log-ratio falls below 1/e,
+    within [1, MAX_BLOCK]: long enough to keep a slow spell in one block."""
+    x = log_ratio - log_ratio.mean()
+    var = float(x @ x)
+    if len(x) < 4 or var <= 0:
+        return 1
+    for lag in range(1, min(MAX_BLOCK, len(x) // 2)):
+        if float(x[:-lag] @ x[lag:]) / var < 1 / np.e:
+            return max(1, min(MAX_BLOCK, 2 * lag))
+    return min(MAX_BLOCK, max(1, len(x) // 4))
+
+
+def residual_table(ratios: np.ndarray, segments: list[int]) -> dict[str, Any]:
+    """The profile's `residuals` entry: ratios (rows: steps in order; columns: PARTS) and the block length."""
+    dev = np.log(np.maximum(ratios[:, 0], 1e-6))
+    return {"parts": list(PARTS), "block_steps": block_length(dev), "segments": [int(s) for s in segments],
+            "ratios": [[round(float(v), 5) for v in row] for row in ratios]}
+
+
+class ResidualSampler:
+    """Step i's multipliers (device, host, gap) for one seeded replay: blocks of consecutive measured
+    ratios, each block from a random start inside one calibration trace."""
+
+    def __init__(self, table: dict[str, Any], seed: int) -> None:
+        self.ratios = np.asarray(table["ratios"], dtype=float).reshape(-1, len(PARTS))
+        self.block = max(1, int(table.get("block_steps", 1)))
+        bounds = np.cumsum([0, *table.get("segments", [len(self.ratios)])])
+        # Valid block starts: a block never runs across the end of a trace.
+        self.starts = np.concatenate([np.arange(lo, max(lo + 1, hi - self.block + 1))
+                                      for lo, hi in zip(bounds[:-1], bounds[1:]) if hi > lo])
+        self.rng = np.random.default_rng(seed)
+        self.drawn: list[np.ndarray] = []
+
+    def at(self, step: int) -> np.ndarray:
+        while len(self.drawn) <= step:
+            s = int(self.starts[self.rng.integers(len(self.starts))])
+            self.drawn.extend(self.ratios[s:s + self.block])
+        return self.drawn[step]
+
+
+class ResidualScaled:
+    """Any cost model's step times scaled by sampled device ratios of a calibration profile: the scatter
+    a real machine showed, laid over a model (e.g. the roofline) that has none of its own."""
+
+    def __init__(self, base: Any, table: dict[str, Any], seed: int) -> None:
+        self.base = base
+        self.sampler = ResidualSampler(table, seed)
+        self.seed = seed
+        self.name = f"{base.name}+residuals"
+
+    def step_time(self, batch: Any, step: int) -> float:
+        return self.base.step_time(batch, step) * float(self.sampler.at(step)[0])
+
+    def describe(self) -> dict:
+        return {**self.base.describe(), "residual_seed": self.seed}
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.base, name)

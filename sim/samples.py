@@ -1,0 +1,52 @@
+"""`sim replay --samples N`: the same replay N times, each with its own seeded draw of the measured
+residuals, so every metric comes with the spread that the machine's own step-time scatter implies.
+
+A single deterministic replay says what the expected step times give; how far a real run lands from it
+depends on runs of slow steps (queues build behind them), which only a sampled replay shows.
+"""
+from __future__ import annotations
+
+import math
+import tempfile
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from traces.summary import summarize
+
+# The ten figures an interval is reported for: latency percentiles and output throughput.
+SAMPLED_METRICS = tuple(f"{m}_p{q}_s" for m in ("ttft", "tpot", "e2e") for q in (50, 90, 99)) + (
+    "output_throughput_tok_s",)
+
+
+def interval(values: list[float]) -> dict[str, float]:
+    """median, p5 and p95 of the finite values (NaN when there are none)."""
+    v = np.asarray([x for x in values if x is not None and math.isfinite(x)], dtype=float)
+    if not v.size:
+        return {"median": math.nan, "p5": math.nan, "p95": math.nan}
+    return {"median": float(np.median(v)), "p5": float(np.percentile(v, 5)), "p95": float(np.percentile(v, 95))}
+
+
+def sample_replays(n: int, run: Callable[[int, str], Any], slos: Any = None) -> dict[str, Any]:
+    """Run `run(seed, trace_dir)` for seeds 0..n-1 and summarise each metric as median [p5-p95]."""
+    import traces
+
+    per_metric: dict[str, list[float]] = {m: [] for m in SAMPLED_METRICS}
+    for seed in range(n):
+        with tempfile.TemporaryDirectory(prefix="stepscope-sample-") as d:
+            run(seed, d)
+            t = traces.load(d)
+            s = summarize(t.requests, t.steps)
+        for m in SAMPLED_METRICS:
+            per_metric[m].append(s.get(m, math.nan))
+    return {"num_samples": n, "metrics": {m: {**interval(v), "values": v} for m, v in per_metric.items()}}
+
+
+def format_samples(samples: dict[str, Any]) -> str:
+    lines = [f"sampled replays: {samples['num_samples']} (measured residuals, seeded); median [p5-p95]"]
+    for m, r in samples["metrics"].items():
+        scale, unit = (1e3, " ms") if m.split("_")[0] in ("ttft", "tpot", "e2e") else (1.0, " tok/s")
+        name = m.removesuffix("_s")
+        lines.append(f"  {name:<22} {r['median'] * scale:10.2f}{unit} [{r['p5'] * scale:.2f}-{r['p95'] * scale:.2f}]")
+    return "\n".join(lines)

@@ -1,0 +1,228 @@
+"""Fidelity of the calibrated simulator: per-part laws fitted with every step kept, seeded residual
+sampling whose intervals cover the truth, the out-of-range warning, and sim compare's error breakdown."""
+import json
+
+import numpy as np
+import pytest
+
+import traces
+from engine.core.config import CacheConfig, SchedulerConfig
+from engine.core.outputs import ModelRunnerOutput
+from engine.core.request import Request
+from engine.core.sampling_params import SamplingParams
+from engine.core.scheduler import Scheduler
+from sim.batch import StepBatch, batch_from_output
+from sim.calibrate import calibrate
+from sim.cli import main
+from sim.compare import compare_traces
+from sim.cost_models.calibrated import CalibratedCostModel
+from sim.cost_models.parts import DEVICE_TERMS, part_matrix
+from sim.cost_models.residuals import ResidualSampler, residual_table
+from sim.fit import fit_mean_law
+from sim.samples import interval
+from traces.recorder import TraceRecorder
+from traces.writer import TraceWriter
+
+DEVICE = {"c0": 2e-3, "c_p": 5e-5, "c_d": 2e-4, "c_ctx": 1e-6, "c_attn": 1e-7, "c_seq": 1e-4}
+HOST = (3e-4, 2e-5)  # per step, per sequence
+GAP = (5e-4, 3e-5)
+META = {"source": "engine", "device": {"type": "cpu", "name": "test-cpu"},
+        "config": {"model": {"model": "builtin", "architecture": "Qwen3ForCausalLM", "dtype": "float32"}}}
+
+
+def device_law(b: StepBatch) -> float:
+    return float(part_matrix("device", [b])[0] @ np.array([DEVICE[k] for k in DEVICE_TERMS]))
+
+
+def record_engine_like(path, seed=0, num_requests=40, noise=0.02):
+    """A trace timed like the engine: each step's model time follows the law, host phases and the gap
+    before the next step follow their own laws, all with `noise`; requests arrive on that clock."""
+    rng = np.random.default_rng(seed)
+    now = [0.0]
+    sched = Scheduler(SchedulerConfig(max_model_len=2048, max_num_seqs=8, max_num_batched_tokens=256),
+                      CacheConfig(block_size=16, num_gpu_blocks=4000), clock=lambda: now[0])
+    rec = TraceRecorder(TraceWriter(path, META), sched)
+    arrivals = np.cumsum(rng.exponential(0.02, num_requests))
+    pending = [Request(f"r{i}", [int(x) for x in rng.integers(3, 30000, int(rng.integers(20, 300)))],
+                       SamplingParams(max_tokens=int(rng.integers(4, 30)), ignore_eos=True, temperature=0.0),
+                       eos_token_id=2, arrival_time=float(a)) for i, a in enumerate(arrivals)]
+    while pending or sched.has_unfinished_requests():
+        while pending and pending[0].arrival_time <= now[0]:
+            req = pending.pop(0)
+            sched.add_request(req)
+            rec.on_add(req)
+        if not sched.has_unfinished_requests():
+            now[0] = pending[0].arrival_time
+            continue
+        start = now[0]
+        out = sched.schedule()
+        b = batch_from_output(out)
+        jitter = lambda: 1 + noise * rng.standard_normal()  # noqa: E731
+        device = device_law(b) * jitter()
+        host = (HOST[0] + HOST[1] * b.num_seqs) * jitter()
+        now[0] = end = start + device + host
+        ids = list(out.num_scheduled_tokens)
+        sampled = [[7] if sched.requests[r].num_computed_tokens >= sched.requests[r].num_tokens else [] for r in ids]
+        outputs = sched.update_from_output(out, ModelRunnerOutput(ids, sampled))
+        rec.on_step(out, outputs, start, end, host / 2, device, host / 2)
+        now[0] = end + (GAP[0] + GAP[1] * b.num_seqs) * jitter()
+    rec.close()
+
+
+@pytest.fixture(scope="module")
+def engine_like(tmp_path_factory):
+    root = tmp_path_factory.mktemp("fidelity")
+    for i, name in enumerate(("a", "b")):
+        record_engine_like(root / name, seed=i)
+    return root
+
+
+def test_mean_law_predicts_the_expected_time_of_each_kind_of_step_with_every_slow_step_kept():
+    rng = np.random.default_rng(0)
+    n = 2000
+    prefill = rng.random(n) < 0.4
+    batches = [StepBatch(int(p), int(d), int(p > 0), int(d), int(p + d + c), float(p * (c + (p + 1) / 2)))
+               for p, d, c in zip(rng.integers(1, 400, n) * prefill, rng.integers(1, 30, n), rng.integers(0, 2000, n))]
+    x = part_matrix("device", batches)
+    y = x @ np.array([DEVICE[k] for k in DEVICE_TERMS]) * np.exp(0.03 * rng.standard_normal(n))
+    y[rng.random(n) < 0.2] *= 4.0  # a fifth of the steps slowed by a neighbour: kept, not dropped
+    pred = x @ fit_mean_law(x, y)
+    for kind in (prefill, ~prefill):
+        assert y[kind].sum() / pred[kind].sum() == pytest.approx(1.0, abs=0.05)
+    assert y.sum() / pred.sum() == pytest.approx(1.0, abs=0.02)
+
+
+def test_calibrate_fits_the_host_phases_and_the_gap_between_steps(engine_like):
+    profile, _ = calibrate([traces.load(engine_like / "a"), traces.load(engine_like / "b")])
+    host, gap = profile["parts"]["host"]["coefficients"], profile["parts"]["gap"]["coefficients"]
+    assert host["h0"] == pytest.approx(HOST[0], rel=0.15) and host["h_seq"] == pytest.approx(HOST[1], rel=0.15)
+    assert gap["g0"] == pytest.approx(GAP[0], rel=0.15) and gap["g_seq"] == pytest.approx(GAP[1], rel=0.15)
+    assert profile["fit"]["parts"]["cycle"]["mape"] < 3
+    assert len(profile["residuals"]["ratios"]) == sum(t["num_steps"] for t in profile["traces"])
+
+
+def test_calibrate_reports_leave_one_trace_out_per_part(engine_like):
+    profile, _ = calibrate([traces.load(engine_like / "a"), traces.load(engine_like / "b")])
+    loto = profile["leave_one_trace_out"]
+    assert len(loto) == 2 and all(r["parts"][p]["mape"] < 5 for r in loto for p in ("device", "host", "gap"))
+
+
+def test_residual_blocks_are_runs_of_consecutive_measured_steps_and_repeat_with_the_seed():
+    table = residual_table(np.column_stack([np.arange(1, 201) / 100.0] * 3), [200])
+    table["block_steps"] = 10
+    a, b = ResidualSampler(table, 3), ResidualSampler(table, 3)
+    draws = np.array([a.at(i)[0] for i in range(100)])
+    assert (draws == np.array([b.at(i)[0] for i in range(100)])).all()
+    steps = np.diff(draws.reshape(10, 10), axis=1)
+    assert np.allclose(steps, 0.01)
+    assert not (draws == np.array([ResidualSampler(table, 4).at(i)[0] for i in range(100)])).all()
+
+
+def test_sampled_interval_covers_held_out_runs_of_a_machine_with_slow_spells():
+    """Slow spells (AR(1) log-noise) make a 300-step run's total vary much more than independent noise
+    would; the block bootstrap of one measured run still covers fresh runs at about the nominal rate."""
+    rng = np.random.default_rng(5)
+
+    def machine(n):
+        e = np.zeros(n)
+        for i in range(1, n):
+            e[i] = 0.95 * e[i - 1] + 0.1 * rng.standard_normal()
+        return np.exp(e)
+
+    table = residual_table(np.column_stack([machine(3000)] + [np.ones(3000)] * 2), [3000])
+    totals = []
+    for seed in range(200):
+        s = ResidualSampler(table, seed)
+        totals.append(sum(s.at(i)[0] for i in range(300)))
+    iv = interval(totals)
+    truths = [machine(300).sum() for _ in range(40)]
+    assert np.mean([iv["p5"] <= t <= iv["p95"] for t in truths]) >= 0.8
+
+
+def test_sampled_step_times_scale_the_law_by_measured_ratios():
+    prof = {"parts": {"device": {"coefficients": DEVICE, "mean_ratio": 1.5}},
+            "residuals": residual_table(np.array([[2.0, 1.0, 1.0]] * 4), [4])}
+    b = StepBatch(num_decode_tokens=4, num_decode_seqs=4, context_tokens=400)
+    assert CalibratedCostModel(DEVICE, prof).step_time(b, 0) == pytest.approx(1.5 * device_law(b))
+    assert CalibratedCostModel(DEVICE, prof, seed=0).step_time(b, 0) == pytest.approx(2.0 * device_law(b))
+
+
+def test_profile_used_beyond_its_fitted_batch_shapes_warns_in_one_line():
+    model = CalibratedCostModel(DEVICE, {"fitted_range": {"num_tokens": 100, "num_seqs": 8}}, path="p.json")
+    model.step_time(StepBatch(num_decode_tokens=8, num_decode_seqs=8), 0)
+    assert model.range_warning() is None
+    model.step_time(StepBatch(num_prefill_tokens=400, num_prefill_seqs=1), 1)
+    warning = model.range_warning()
+    assert "\n" not in warning and "num_tokens up to 400 (fitted up to 100)" in warning
+
+
+def test_compare_breakdown_sums_to_the_total_difference(engine_like, tmp_path):
+    prof = tmp_path / "p.json"
+    assert main(["calibrate", str(engine_like / "a"), "-o", str(prof)]) == 0
+    assert main(["replay", str(engine_like / "b"), "--cost-model", str(prof), "--trace", str(tmp_path / "sim"),
+                 "--no-progress"]) == 0
+    report = compare_traces(traces.load(engine_like / "b"), traces.load(tmp_path / "sim"))
+    for name, m in report["attribution"]["metrics"].items():
+        parts = m["step_time"] + m["host_gap"] + m["divergence"] + m["retiming"]
+        assert parts == pytest.approx(m["total"], abs=1e-9), name
+
+
+def test_retiming_a_trace_from_its_own_step_parts_reproduces_its_metrics(engine_like):
+    """The breakdown's baseline: A rebuilt from its own model, host and gap times is A."""
+    a = traces.load(engine_like / "b")
+    report = compare_traces(a, a)
+    for name, m in report["attribution"]["metrics"].items():
+        assert m["retiming"] == pytest.approx(0.0, abs=1e-9 * max(1.0, abs(m["a"]))), name
+        assert m["step_time"] == m["host_gap"] == m["total"] == 0.0, name
+
+
+def test_compare_plots_writes_ttft_and_itl_qq_plots(engine_like, tmp_path, capsys):
+    assert main(["compare", str(engine_like / "a"), str(engine_like / "b"), "--plots", str(tmp_path)]) == 0
+    assert (tmp_path / "ttft_qq.png").stat().st_size > 0 and (tmp_path / "itl_qq.png").stat().st_size > 0
+
+
+def test_replay_samples_report_each_metric_as_median_inside_p5_p95(engine_like, tmp_path, capsys):
+    prof = tmp_path / "p.json"
+    assert main(["calibrate", str(engine_like / "a"), "-o", str(prof)]) == 0
+    capsys.readouterr()
+    assert main(["replay", str(engine_like / "b"), "--cost-model", str(prof), "--samples", "4", "--json",
+                 "--no-progress"]) == 0
+    samples = json.loads(capsys.readouterr().out)["samples"]
+    assert samples["num_samples"] == 4 and len(samples["metrics"]) == 10
+    assert all(m["p5"] <= m["median"] <= m["p95"] for m in samples["metrics"].values())
+
+
+def test_samples_without_a_calibrated_profile_is_one_line_exit_2(engine_like, capsys):
+    assert main(["replay", str(engine_like / "b"), "--samples", "3", "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "--samples" in err
+
+
+def test_residual_scaling_lays_measured_ratios_over_another_cost_model():
+    from sim.cost_models.residuals import ResidualScaled
+
+    class Flat:
+        name = "flat"
+
+        def step_time(self, batch, step):
+            return 0.01
+
+        def describe(self):
+            return {}
+
+        def num_gpu_blocks(self, block_size):
+            return 7
+
+    table = residual_table(np.array([[2.0, 1.0, 1.0], [0.5, 1.0, 1.0]]), [2])
+    table["block_steps"] = 2
+    scaled = ResidualScaled(Flat(), table, seed=1)
+    times = sorted(scaled.step_time(StepBatch(), i) for i in range(2))
+    assert times == pytest.approx([0.005, 0.02]) and scaled.num_gpu_blocks(16) == 7
+
+
+def test_plan_samples_without_residuals_is_one_line_exit_2(capsys):
+    from workloads import DEFAULT_WORKLOAD
+
+    assert main(["plan", str(DEFAULT_WORKLOAD), "--slo", "ttft_p99=2s", "--samples", "3"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "--residuals" in err
