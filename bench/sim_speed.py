@@ -1,11 +1,12 @@
 """Simulator speed: replay the whole Azure 2023 conversation trace (19,366 requests, one hour) with the
 roofline model of llama-3.1-8b on an H200, trace written and summarised, as `sim replay` does.
 
-Run from the repo root: `python bench/sim_speed.py [--max-requests N] [--profile]`. Prints
-`steps/s: <n> steps/s` (simulated steps per second of the event loop, recording included) and
-`azure conv replay: <seconds> s` (end to end: request stream, loop, trace compaction, summary) and
-`peak rss: <n> MB` (the process's peak resident memory, summary included).
-`--profile` prints the loop's top functions by own time for the first 1,000 requests.
+Run from the repo root: `python bench/sim_speed.py [--max-requests N] [--trace-level full|steps|none]
+[--profile]`. Prints `steps/s: <n> steps/s` (simulated steps per second of the event loop, recording
+included), `azure conv replay: <seconds> s` (end to end: request stream, loop, trace compaction,
+summary), `cpu time: <seconds> s` (this process, all threads: steadier than wall time on a shared
+machine) and `peak rss: <n> MB` (the process's peak resident memory, summary included). `--profile`
+prints the loop's top functions by own time for the first 1,000 requests.
 If the roofline model is not importable, a fixed-cost stand-in is used and the output says so.
 """
 from __future__ import annotations
@@ -52,13 +53,15 @@ def cost_model():
     return RooflineCostModel.from_args(model="llama-3.1-8b", hardware="h200"), "roofline llama-3.1-8b on h200"
 
 
-def replay(limit: int | None, trace_dir: str, profile: bool = False) -> tuple[object, float, str]:
+def replay(limit: int | None, trace_dir: str, profile: bool = False,
+           trace_level: str = "full") -> tuple[object, float, str]:
     start = time.perf_counter()
     cm, label = cost_model()
     blocks = cm.num_gpu_blocks(16, 0.9) if hasattr(cm, "num_gpu_blocks") else 8192
     src = open_source(AZURE_CONV, limit=limit)
     sim = Simulator(SchedulerConfig(max_model_len=MAX_MODEL_LEN), CacheConfig(block_size=16, num_gpu_blocks=blocks),
                     cm, trace_dir, {"workload": src.meta})
+    sim.recorder.set_trace_level(trace_level)
     prof = cProfile.Profile() if profile else None
     if prof:
         prof.enable()
@@ -73,18 +76,23 @@ def replay(limit: int | None, trace_dir: str, profile: bool = False) -> tuple[ob
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--max-requests", type=int, default=None, help="replay only the first N requests")
+    p.add_argument("--trace-level", choices=("full", "steps", "none"), default="full",
+                   help="what the trace keeps (sim replay --trace-level)")
     p.add_argument("--profile", action="store_true", help="profile the loop on the first 1,000 requests first")
     args = p.parse_args()
     if args.profile:
         with tempfile.TemporaryDirectory() as d:
-            replay(1000, d, profile=True)
+            replay(1000, d, profile=True, trace_level=args.trace_level)
+    cpu0 = time.process_time()
     with tempfile.TemporaryDirectory() as d:
-        (result, summary), total, label = replay(args.max_requests, d)
-    print(f"cost model: {label}; {result.num_requests} requests, {result.num_steps} steps, "
+        (result, summary), total, label = replay(args.max_requests, d, trace_level=args.trace_level)
+    cpu = time.process_time() - cpu0
+    print(f"cost model: {label}; trace level {args.trace_level}; {result.num_requests} requests, {result.num_steps} steps, "
           f"{result.sim_time:.0f} s simulated, loop {result.wall_time:.1f} s")
     print(format_sim_summary(summary))
     print(f"steps/s: {result.num_steps / result.wall_time:.0f} steps/s")
     print(f"azure conv replay: {total:.1f} s")
+    print(f"cpu time: {cpu:.1f} s")
     # ru_maxrss is in KiB on Linux: the whole run's peak, the summary included.
     print(f"peak rss: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB")
     return 0

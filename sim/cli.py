@@ -16,6 +16,7 @@ from typing import Any
 
 from sim.flags import OneLineParser, add_engine_flags, config_error, recorded_or_flag
 from sim.plan_config import DEFAULT_HARDWARE, DEFAULT_MODEL
+from traces.recorder import TRACE_LEVELS
 
 DEFAULT_NUM_GPU_BLOCKS = 8192
 DEFAULT_ROOFLINE_MODEL = DEFAULT_MODEL
@@ -47,6 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--plots", default=None, metavar="DIR", help="write latency CDF / throughput / queue / KV PNGs")
     r.add_argument("--json", action="store_true", help="print the summary as JSON")
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
+    r.add_argument("--trace-level", default="full", choices=TRACE_LEVELS, help="full: every table | steps: steps "
+                   "and requests, no decisions or block events | none: requests only (metrics without ITL or KV usage)")
     add_engine_flags(r, "replay")
     c = sub.add_parser("compare", help="fidelity report of trace B against trace A")
     c.add_argument("trace_a", metavar="TRACE_DIR_A")
@@ -153,6 +156,7 @@ def _simulate(args: argparse.Namespace, trace_dir: str, residual_seed: int | Non
         print(describe_replay(source.path, source.num_requests, meta, cost_model.describe(), sched, cache))
     sim = Simulator(sched, cache, cost_model, trace_dir, meta, seed=args.seed or 0, vocab_size=args.vocab_size,
                     follow_recorded=exact)
+    sim.recorder.set_trace_level(args.trace_level)
     return sim.run(source.requests, source.external_finishes, source.num_requests, progress=progress), cost_model
 
 

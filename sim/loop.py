@@ -201,9 +201,10 @@ class Simulator:
                     bar: Any) -> None:
         """Async scheduling on the simulated clock, in vLLM's batch-queue order: the next step is scheduled
         as soon as the one before it is launched (host time hidden behind device time, as the engine
-        hides it), runs on the device when that one ends, and its outputs apply at its own end. Recorded
-        step starts are not followed in this mode; external finishes apply after the step they followed."""
-        cycle, sched, step_time = self.cycle, self.scheduler, self.cost_model.step_time
+        hides it), runs on the device when that one ends, and its outputs apply at its own end. A recorded
+        replay schedules each step no earlier than it was recorded, so the same arrivals are in before it;
+        external finishes apply after the step they followed."""
+        cycle, sched, step_time, step_start = self.cycle, self.scheduler, self.cost_model.step_time, self.step_start
         add, forget = self.add_request, self.runner.forget
         ends: deque[float] = deque()
         device_free = 0.0
@@ -212,6 +213,9 @@ class Simulator:
         while True:
             if external and cycle.num_steps in external:
                 self._finish_external(external.pop(cycle.num_steps))
+            if step_start is not None and (hinted := step_start(launched)) is not None and hinted > self.now:
+                if cycle.has_work() or (nxt is not None and nxt.add_time <= hinted):
+                    self.now = hinted
             while nxt is not None and nxt.add_time <= self.now:
                 add(nxt)
                 nxt = next(stream, None)

@@ -25,16 +25,16 @@ CHILD = textwrap.dedent("""
     import pyarrow.parquet as pq
     from sim.cli import main
 
-    write_batch = pq.ParquetWriter.write_batch
+    write_table = pq.ParquetWriter.write_table  # write_batch goes through it too
 
-    def write_then_stall(self, batch, *args, **kwargs):
-        write_batch(self, batch, *args, **kwargs)
+    def write_then_stall(self, table, *args, **kwargs):
+        write_table(self, table, *args, **kwargs)
         if "requests.parquet" in str(self.where):
             self.file_handle.flush() if self.file_handle is not None else None
             print("compacting requests", flush=True)
             time.sleep(600)
 
-    pq.ParquetWriter.write_batch = write_then_stall
+    pq.ParquetWriter.write_table = write_then_stall
     sys.exit(main(sys.argv[1:]))
 """)
 
@@ -61,7 +61,8 @@ def test_sigkill_during_compaction_leaves_every_written_row_loadable(tmp_path):
     killed, clean = tmp_path / "killed", tmp_path / "clean"
     _killed_during_compaction(killed)
     names = {p.name for p in killed.iterdir()}
-    assert "steps.parquet" in names and "requests.jsonl" in names and "requests.parquet" not in names
+    # The simulator streams Arrow record batches (requests.arrows); JSON-lines writers leave requests.jsonl.
+    assert "steps.parquet" in names and "requests.arrows" in names and "requests.parquet" not in names
     assert any(n.startswith("requests.parquet.") and n.endswith(".tmp") for n in names)  # the half-written one
     assert main([*ARGS, "--trace", str(clean)]) == 0
     a, b = traces.load(clean), traces.load(killed)

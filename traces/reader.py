@@ -12,6 +12,7 @@ from typing import Any
 
 import pandas as pd
 
+from traces.arrowstream import arrow_stream_file, read_arrow_stream
 from traces.schema import FORMAT_VERSION, META_FILE, SPANS_FILE, TABLES, parquet_file, stream_file
 from traces.streams import StreamError, first_row_keys, read_stream
 
@@ -116,6 +117,9 @@ def _read_table(root: Path, table: str, columns: Sequence[str] | None, arrow_lis
     import pyarrow as pa
 
     pq_path, stream = root / parquet_file(table), root / stream_file(table)
+    arrows = root / arrow_stream_file(table)  # a batched writer's stream (traces/arrowstream.py)
+    if arrows.is_file() and not stream.is_file():
+        stream = arrows
     if pq_path.is_file():
         try:
             return _read_parquet(pq_path, table, columns, arrow_lists, categories), False
@@ -126,6 +130,9 @@ def _read_table(root: Path, table: str, columns: Sequence[str] | None, arrow_lis
             if not stream.is_file():
                 raise TraceError(f"{pq_path}: unreadable Parquet ({reason})") from None
             notes.append(f"{pq_path}: unreadable Parquet ({reason}); read {stream.name} instead")
+    if stream == arrows:
+        return read_arrow_stream(arrows, TABLES[table], arrow_lists=arrow_lists, only=columns,
+                                 categories=categories)
     keys = first_row_keys(stream)
     if keys is not None:
         _missing_column(stream, keys, TABLES[table])

@@ -1,5 +1,8 @@
 """Turns what the shared scheduler did each step into trace rows; the engine and the simulator both
-call it, which is what makes their traces comparable row for row."""
+call it, which is what makes their traces comparable row for row.
+
+Rows are kept as columns (one list per column, extended per step) and handed to the writer as such:
+a simulated step costs microseconds, and a dict per decision row was a large share of them."""
 from __future__ import annotations
 
 from typing import Any
@@ -8,7 +11,13 @@ from engine.core.outputs import EngineCoreOutputs
 from engine.core.request import Request
 from engine.core.sched_output import SchedulerOutput
 from engine.core.scheduler import Scheduler
+from traces.schema import BLOCK_EVENT_COLUMNS, DECISION_COLUMNS, STEP_COLUMNS, TABLES
 from traces.writer import TraceWriter
+
+# full: every table; steps: steps and requests (no decisions, block events or snapshots); none:
+# requests only (per-request metrics, for sweeps).
+TRACE_LEVELS = ("full", "steps", "none")
+_NO_BLOCKS: tuple[int, ...] = ()
 
 
 def _t(value: float | None, t0: float) -> float | None:
@@ -19,22 +28,43 @@ class TraceRecorder:
     """Call `on_add` for every request, `on_step` after every step, `on_abort` for aborts, `close` at the end."""
 
     def __init__(self, writer: TraceWriter, scheduler: Scheduler, t0: float = 0.0,
-                 snapshot_every: int = 1024) -> None:
+                 snapshot_every: int = 1024, trace_level: str = "full") -> None:
         self.writer = writer
         self.scheduler = scheduler
         self.kv = scheduler.kv_cache_manager
-        self.kv.events = []
         self.t0 = t0
         self.snapshot_every = snapshot_every
         self.step = 0
         self.live: dict[str, Request] = {}
-        self._pending_decisions: list[dict[str, Any]] = []
+        # Columns go straight into the writer's buffers; a writer that takes only rows (a wrapper such as
+        # a cluster replica's) gets this step's columns as rows after each step.
+        self._direct = hasattr(writer, "buffer")
+        names = ("decisions", "steps", "block_events")
+        self._tables = ({t: writer.buffer(t) for t in names} if self._direct
+                        else {t: {c: [] for c in TABLES[t]} for t in names})
+        self._decisions = self._tables["decisions"]
+        self._step_cols = [self._tables["steps"][c] for c in STEP_COLUMNS]
+        self._event_cols = [self._tables["block_events"][c] for c in BLOCK_EVENT_COLUMNS]
+        self._pending_decisions: list[tuple] = []
         self._pending_requests: list[dict[str, Any]] = []
+        self.set_trace_level(trace_level)
+
+    def set_trace_level(self, level: str) -> None:
+        """`full`, `steps` or `none` (TRACE_LEVELS); below full the block pool stops logging events too."""
+        if level not in TRACE_LEVELS:
+            raise ValueError(f"--trace-level: must be one of {', '.join(TRACE_LEVELS)}, got {level!r}")
+        self.trace_level = level
+        self._full = level == "full"
+        self._steps = level != "none"
+        self.kv.events = [] if self._full else None
+        if hasattr(self.writer, "update_meta"):
+            self.writer.update_meta(trace_level=level)
 
     def on_add(self, request: Request) -> None:
         """After scheduler.add_request: remember it; a rejected one is recorded at the next step."""
         if request.is_finished():
-            self._pending_decisions.append(self._decision(request.request_id, "reject", finish_reason="error"))
+            if self._full:
+                self._pending_decisions.append((request.request_id, "reject", None, "error"))
             self._pending_requests.append(self._request_row(request))
         else:
             self.live[request.request_id] = request
@@ -46,7 +76,8 @@ class TraceRecorder:
             req = self.live.pop(rid, None)
             reason = req.get_finish_reason() if req else "abort"
             event = "abort" if reason == "abort" else "finish"
-            self._pending_decisions.append(self._decision(rid, event, blocks_freed=blocks, finish_reason=reason))
+            if self._full:
+                self._pending_decisions.append((rid, event, blocks, reason))
             if req is not None:
                 self._pending_requests.append(self._request_row(req))
                 ended.append(req)
@@ -57,62 +88,108 @@ class TraceRecorder:
         """Record the step; returns the requests that finished in it."""
         step = self.step
         finished: list[Request] = []
-        decisions, self._pending_decisions = self._pending_decisions, []
         requests, self._pending_requests = self._pending_requests, []
-        for d in decisions:
-            d["step"] = step
-        num_tokens = so.num_scheduled_tokens
-        for new in so.scheduled_new_reqs:
-            decisions.append(self._decision(
-                new.req_id, "schedule", step, num_tokens[new.req_id], "prefill", new.num_computed_tokens,
-                new.num_computed_tokens, new.block_ids))
-        cached = so.scheduled_cached_reqs
-        decodes = so.decode_req_ids
-        decisions.extend(
-            {"step": step, "request_id": rid, "event": "schedule", "num_tokens": num_tokens[rid],
-             "phase": "decode" if rid in decodes else "prefill", "num_computed_tokens": computed,
-             "prefix_hit_tokens": computed if resumed else 0, "blocks_gained": gained, "blocks_freed": [],
-             "finish_reason": None}
-            for rid, resumed, computed, gained in zip(cached.req_ids, cached.resumed_from_preemption,
-                                                      cached.num_computed_tokens, cached.new_block_ids))
-        for rid in so.preempted_req_ids:
-            decisions.append(self._decision(rid, "preempt", step, blocks_freed=so.preempted_block_ids[rid]))
+        full = self._full
+        if full:
+            self._schedule_decisions(so, step)
         num_finished = 0
         for out in outputs.outputs:
-            if out.finish_reason is None or out.finish_reason == "error":
+            reason = out.finish_reason
+            if reason is None or reason == "error":
                 continue
             num_finished += 1
-            decisions.append(self._decision(out.request_id, "finish", step, blocks_freed=out.freed_block_ids,
-                                            finish_reason=out.finish_reason))
+            if full:
+                self._decision(step, out.request_id, "finish", out.freed_block_ids, reason)
             req = self.live.pop(out.request_id, None)
             if req is not None:
                 requests.append(self._request_row(req))
                 finished.append(req)
-        sched, pool = self.scheduler, self.kv.block_pool
-        self.writer.write_rows("decisions", decisions)
-        self.writer.write_rows("requests", requests)
-        self._write_block_events(step)
-        if step % self.snapshot_every == 0:
-            self.writer.write_rows("block_snapshots", self.block_snapshot(step))
-        self.writer.write_rows("steps", [{
-            "step": step, "start": start - self.t0, "end": end - self.t0,
-            "num_prefill_tokens": so.num_prefill_tokens, "num_decode_tokens": so.num_decode_tokens,
-            "num_scheduled_tokens": so.total_num_scheduled_tokens, "num_running": len(sched.running),
-            "num_waiting": len(sched.waiting), "num_preempted": len(so.preempted_req_ids),
-            "kv_blocks_used": pool.num_usable_blocks - pool.get_num_free_blocks(),
-            "kv_blocks_total": pool.num_usable_blocks, "prefix_hit_tokens": so.prefix_hit_tokens,
-            "num_new_reqs": len(so.scheduled_new_reqs), "num_finished": num_finished,
-            "schedule_time": schedule_time, "execute_time": execute_time, "sample_time": sample_time}])
-        self.writer.flush()
+        writer = self.writer
+        if requests:
+            writer.write_rows("requests", requests)
+        if full:
+            self._block_events(step)
+            if step % self.snapshot_every == 0:
+                writer.write_rows("block_snapshots", self.block_snapshot(step))
+        if self._steps:
+            sched, pool = self.scheduler, self.kv.block_pool
+            num_usable = pool.num_usable_blocks
+            for col, value in zip(self._step_cols, (
+                    step, start - self.t0, end - self.t0, so.num_prefill_tokens, so.num_decode_tokens,
+                    so.total_num_scheduled_tokens, len(sched.running), len(sched.waiting), len(so.preempted_req_ids),
+                    num_usable - pool.get_num_free_blocks(), num_usable, so.prefix_hit_tokens,
+                    len(so.scheduled_new_reqs), num_finished, schedule_time, execute_time, sample_time)):
+                col.append(value)
+        if not self._direct:
+            self._rows_to_writer()
+        writer.flush()
         self.step += 1
         return finished
 
-    def _write_block_events(self, step: int) -> None:
+    def _schedule_decisions(self, so: SchedulerOutput, step: int) -> None:
+        """Pending (between-step) rows, then one schedule row per scheduled request, then preemptions."""
+        if self._pending_decisions:
+            for rid, event, freed, reason in self._pending_decisions:
+                self._decision(step, rid, event, freed, reason)
+            self._pending_decisions.clear()
+        d = self._decisions
+        num_tokens = so.num_scheduled_tokens
+        for new in so.scheduled_new_reqs:
+            computed = new.num_computed_tokens
+            for col, value in zip(DECISION_COLUMNS, (step, new.req_id, "schedule", num_tokens[new.req_id], "prefill",
+                                                     computed, computed, new.block_ids, _NO_BLOCKS, None)):
+                d[col].append(value)
+        cached = so.scheduled_cached_reqs
+        rids = cached.req_ids
+        n = len(rids)
+        if n:
+            decodes = so.decode_req_ids
+            computed = cached.num_computed_tokens
+            resumed = cached.resumed_from_preemption
+            d["step"].extend([step] * n)
+            d["request_id"].extend(rids)
+            d["event"].extend(["schedule"] * n)
+            if len(decodes) == n and so.num_decode_tokens == n:
+                # The common step: every running request decodes exactly one token.
+                d["num_tokens"].extend([1] * n)
+                d["phase"].extend(["decode"] * n)
+            else:
+                d["num_tokens"].extend([num_tokens[r] for r in rids])
+                d["phase"].extend(["decode" if r in decodes else "prefill" for r in rids])
+            d["num_computed_tokens"].extend(computed)
+            d["prefix_hit_tokens"].extend([c if r else 0 for c, r in zip(computed, resumed)]
+                                          if any(resumed) else [0] * n)
+            d["blocks_gained"].extend(cached.new_block_ids)
+            d["blocks_freed"].extend([_NO_BLOCKS] * n)
+            d["finish_reason"].extend([None] * n)
+        for rid in so.preempted_req_ids:
+            self._decision(step, rid, "preempt", so.preempted_block_ids[rid], None)
+
+    def _decision(self, step: int, rid: str, event: str, freed: list[int] | None, reason: str | None) -> None:
+        """A row that schedules nothing: preempt, finish, abort or reject."""
+        d = self._decisions
+        for col, value in zip(DECISION_COLUMNS, (step, rid, event, 0, None, None, 0, _NO_BLOCKS,
+                                                 freed or _NO_BLOCKS, reason)):
+            d[col].append(value)
+
+    def _rows_to_writer(self) -> None:
+        """For a writer that takes only rows: this step's columns as rows, decisions and events first."""
+        for table in ("decisions", "block_events", "steps"):
+            cols = self._tables[table]
+            if cols["step"]:
+                self.writer.write_rows(table, [dict(zip(cols, row)) for row in zip(*cols.values())])
+                for values in cols.values():
+                    values.clear()
+
+    def _block_events(self, step: int) -> None:
         events = self.kv.events
         if events:
-            self.writer.write_rows("block_events", [
-                {"step": step, "seq": i, "kind": k, "request_id": rid, "block_ids": ids, "hashes": hashes}
-                for i, (k, rid, ids, hashes) in enumerate(events)])
+            n = len(events)
+            step_col, seq, kind, rid, ids, hashes = self._event_cols
+            step_col.extend([step] * n)
+            seq.extend(range(n))
+            for col, values in zip((kind, rid, ids, hashes), zip(*events)):
+                col.extend(values)
             events.clear()
 
     def block_snapshot(self, step: int) -> list[dict[str, Any]]:
@@ -136,20 +213,15 @@ class TraceRecorder:
         for req in self.live.values():
             rows.append(self._request_row(req))
         self.writer.write_rows("requests", rows)
-        if self._pending_decisions:
-            for d in self._pending_decisions:
-                d["step"] = self.step - 1
-            self.writer.write_rows("decisions", self._pending_decisions)
-        self._write_block_events(max(self.step - 1, 0))
+        last = max(self.step - 1, 0)
+        if self._full:
+            for rid, event, freed, reason in self._pending_decisions:
+                self._decision(self.step - 1, rid, event, freed, reason)
+            self._pending_decisions.clear()
+            self._block_events(last)
+            if not self._direct:
+                self._rows_to_writer()
         self.writer.close(num_steps=self.step, **final_meta)
-
-    @staticmethod
-    def _decision(rid: str, event: str, step: int = -1, num_tokens: int = 0, phase: str | None = None,
-                  computed: int | None = None, hits: int = 0, blocks_gained: list[int] | None = None,
-                  blocks_freed: list[int] | None = None, finish_reason: str | None = None) -> dict[str, Any]:
-        return {"step": step, "request_id": rid, "event": event, "num_tokens": num_tokens, "phase": phase,
-                "num_computed_tokens": computed, "prefix_hit_tokens": hits, "blocks_gained": blocks_gained or [],
-                "blocks_freed": blocks_freed or [], "finish_reason": finish_reason}
 
     def _request_row(self, r: Request) -> dict[str, Any]:
         t0 = self.t0

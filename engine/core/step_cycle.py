@@ -93,6 +93,11 @@ class StepCycle:
         t_update = clock()
         outputs = self.scheduler.update_from_output(so, runner_output)
         t_end = clock()
+        if not (so.total_num_scheduled_tokens or so.preempted_req_ids or outputs.outputs or self.in_flight
+                or self.has_work()):
+            # Async's last step, scheduled while the final tokens were in flight, only carries bookkeeping;
+            # vLLM's traces leave it out, and so do ours.
+            return so, outputs
         self.num_steps += 1
         self.num_preemptions += len(so.preempted_req_ids)
         if self.recorder is not None:

@@ -173,6 +173,7 @@ class RooflineCostModel:
         self.hardware = hardware
         self.source = source
         self.kv_cache_memory = kv_cache_memory
+        self._constants: tuple = (None, None)
 
     @property
     def max_model_len(self) -> int | None:
@@ -229,13 +230,31 @@ class RooflineCostModel:
                 "bound": "compute" if compute >= memory else "memory", "time_s": max(compute, memory) + overhead}
 
     def step_time(self, batch: StepBatch, step: int) -> float:
-        """`breakdown(batch)["time_s"]` without building the breakdown (this runs once per simulated step)."""
+        """`breakdown(batch)["time_s"]`, with the per-model constants of `flops` and `bytes_moved` taken
+        once (this runs once per simulated step); the same operations in the same order, so the same bits."""
         hw, shape = self.hardware, self.shape
-        if batch.num_tokens == 0:
+        num_tokens = batch.num_tokens
+        if num_tokens == 0:
             return hw.step_overhead
-        compute = shape.flops(batch) / hw.effective_flops
-        memory = shape.bytes_moved(batch) / hw.effective_bandwidth
-        return (compute if compute >= memory else memory) + hw.step_overhead + hw.seq_overhead * batch.num_seqs
+        c = self._constants
+        if c[0] is not shape or c[1] is not hw:
+            c = self._constants = self._derive_constants()
+        _, _, per_token, per_seq, per_pair, eff_flops, weights, kv_per_token, eff_bw = c
+        num_seqs = batch.num_seqs
+        compute = (per_token * num_tokens + per_seq * num_seqs
+                   + per_pair * (batch.prefill_attention + batch.context_tokens)) / eff_flops
+        moved = (weights if weights is not None else shape.weight_read_bytes(num_tokens))
+        memory = (moved + kv_per_token * (batch.context_tokens + num_tokens)) / eff_bw
+        return (compute if compute >= memory else memory) + hw.step_overhead + hw.seq_overhead * num_seqs
+
+    def _derive_constants(self) -> tuple:
+        """(shape, hardware, then the factors of ModelShape.flops / bytes_moved); the weight bytes only
+        for a dense model, where they do not depend on the batch."""
+        shape, hw = self.shape, self.hardware
+        weights = shape.weight_read_bytes(1) if not shape.num_experts else None
+        return (shape, hw, 2.0 * shape.active_params, 2.0 * shape.head_params,
+                4.0 * shape.num_layers * shape.num_heads * shape.head_dim, hw.effective_flops, weights,
+                shape.kv_bytes_per_token, hw.effective_bandwidth)
 
     def num_gpu_blocks(self, block_size: int, gpu_memory_utilization: float = 0.9,
                        max_num_batched_tokens: int = 8192, kv_cache_memory: int | None = None) -> int:

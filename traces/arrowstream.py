@@ -1,0 +1,122 @@
+"""Arrow IPC streams, the batched writers' form of a table while the run goes on (`<table>.arrows`).
+
+A batched writer (the simulator) hands the OS one record batch per table every `flush_every` steps:
+no JSON to print per row, none to parse at compaction. The IPC stream format writes the schema first
+and then whole, length-prefixed batches, so a run killed mid-write leaves every earlier batch readable.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from itertools import chain
+from pathlib import Path
+from typing import Any
+
+from traces.schema import TEMP_SUFFIX
+
+# Row groups of at most this many rows: a compacted table is read column by column, and a few large
+# groups compress better than one per flush.
+ROW_GROUP_ROWS = 1 << 19
+
+
+def arrow_stream_file(table: str) -> str:
+    return f"{table}.arrows"
+
+
+def to_batch(columns: dict[str, list[Any]], schema: Any) -> Any:
+    """The buffered columns (one Python list each, in the schema's order) as one Arrow record batch."""
+    import pyarrow as pa
+
+    return pa.record_batch([_array(columns[f.name], f.type) for f in schema], schema=schema)
+
+
+def _array(values: list[Any], ty: Any) -> Any:
+    """pa.array, except that list columns are built from offsets and one flat array of values: several
+    times faster than letting Arrow inspect each row's list (null rows allowed)."""
+    import numpy as np
+    import pyarrow as pa
+
+    if not pa.types.is_list(ty):
+        return pa.array(values, ty)
+    n = len(values)
+    mask = None
+    try:
+        lengths = np.fromiter(map(len, values), np.int32, n)
+    except TypeError:  # null rows
+        mask = pa.array([v is None for v in values], pa.bool_())
+        values = [() if v is None else v for v in values]
+        lengths = np.fromiter(map(len, values), np.int32, n)
+    offsets = np.zeros(n + 1, np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    flat = chain.from_iterable(values)
+    items = np.fromiter(flat, np.int64) if pa.types.is_integer(ty.value_type) else list(flat)
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(items, ty.value_type), type=ty, mask=mask)
+
+
+def iter_batches(path: Path) -> tuple[Any, Iterator[Any], list[bool]]:
+    """(schema, batches, truncated flag): batches up to the last complete one; `truncated[0]` turns True
+    when the stream ends mid-batch (a run killed while writing)."""
+    import pyarrow as pa
+
+    truncated = [False]
+    reader = pa.ipc.open_stream(pa.memory_map(str(path)))
+
+    def batches() -> Iterator[Any]:
+        while True:
+            try:
+                yield reader.read_next_batch()
+            except StopIteration:
+                return
+            except (pa.ArrowInvalid, OSError):
+                truncated[0] = True
+                return
+
+    return reader.schema, batches(), truncated
+
+
+def read_arrow_stream(path: Path, columns: tuple[str, ...], arrow_lists: bool = False,
+                      only: Sequence[str] | None = None, categories: Sequence[str] = ()) -> tuple[Any, bool]:
+    """A stream as a pandas DataFrame with the schema's columns first, and whether its end was cut;
+    an empty file (the schema goes out with the first batch) is an empty table, one cut inside its
+    schema an empty table cut short. `arrow_lists`, `only` and `categories` as in `traces.load`."""
+    import pandas as pd
+    import pyarrow as pa
+
+    if path.stat().st_size == 0:
+        return pd.DataFrame(columns=list(columns)), False
+    try:
+        schema, batches, truncated = iter_batches(path)
+    except (pa.ArrowInvalid, OSError):
+        return pd.DataFrame(columns=list(columns)), True
+    tbl = pa.Table.from_batches(list(batches), schema=schema)
+    names = [*columns, *(c for c in tbl.column_names if c not in columns)]
+    if only is not None:
+        names = [c for c in names if c in set(only)]
+    tbl = tbl.select(names)
+    for c in categories:
+        if c in names:
+            tbl = tbl.set_column(names.index(c), c, tbl[c].dictionary_encode())
+    lists = (lambda ty: pd.ArrowDtype(ty) if pa.types.is_list(ty) else None) if arrow_lists else None
+    return tbl.to_pandas(types_mapper=lists), truncated[0]
+
+
+def arrow_stream_to_parquet(src: Path, dst: Path) -> None:
+    """Copy a stream's batches into a Parquet file, a few large row groups at a time (memory stays
+    flat), written under a temporary name and renamed, so a kill leaves either no Parquet or a whole one."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    schema, batches, _ = iter_batches(src)
+    tmp = dst.with_name(f"{dst.name}.{os.getpid()}{TEMP_SUFFIX}")
+    with pq.ParquetWriter(tmp, schema) as out:
+        group: list[Any] = []
+        rows = 0
+        for batch in batches:
+            group.append(batch)
+            rows += batch.num_rows
+            if rows >= ROW_GROUP_ROWS:
+                out.write_table(pa.Table.from_batches(group, schema=schema))
+                group, rows = [], 0
+        if group:
+            out.write_table(pa.Table.from_batches(group, schema=schema))
+    os.replace(tmp, dst)
