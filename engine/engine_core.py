@@ -84,13 +84,9 @@ class EngineCore:
             self.startup_phases.append((name, start, self.clock()))
 
     def _initialize_kv_caches(self) -> KVCacheReport:
-        from engine.model_executor.loader import kv_bytes_per_block
-        from engine.worker.model_runner import _DTYPES
-
-        cc, mc = self.config.cache_config, self.config.model_config
+        cc = self.config.cache_config
         with self._phase("profile memory and size KV cache"):
-            spec = self.executor.collective_rpc("get_kv_cache_spec")[0]
-            per_block = kv_bytes_per_block(spec, cc.block_size, _DTYPES[mc.dtype])
+            per_block = self.executor.collective_rpc("get_kv_bytes_per_block")[0]
             if cc.num_gpu_blocks_override is not None:
                 num_blocks, how = cc.num_gpu_blocks_override, "--num-gpu-blocks-override"
             elif self.config.device_config.device.startswith("cuda") and cc.kv_cache_memory is None:
@@ -116,8 +112,9 @@ class EngineCore:
             captured.append(self.executor.collective_rpc("capture_cudagraphs")[0])
         report = KVCacheReport(num_blocks=num_blocks, block_size=cc.block_size, bytes_per_block=per_block,
                                max_concurrency=(num_blocks - 1) * cc.block_size / max_len, how=how)
-        logger.info("KV cache: %d blocks of %d tokens (%d tokens, %.2f GiB) = %s; max concurrency at "
-                    "max_model_len %d: %.2fx", num_blocks, cc.block_size, report.num_tokens,
+        # Usable blocks, as the scheduler, the trace's kv_blocks_total and the TUI count them: one is the null block.
+        logger.info("KV cache: %d usable blocks of %d tokens (%d tokens; +1 null block, %.2f GiB in all) = %s; "
+                    "max concurrency at max_model_len %d: %.2fx", num_blocks - 1, cc.block_size, report.num_tokens,
                     num_blocks * per_block / 2**30, how, max_len, report.max_concurrency)
         return report
 

@@ -161,7 +161,7 @@ class Simulator:
     def _loop(self, stream: Iterator[SimRequest], external: dict[int, list[tuple[str, str]]], bar: Any) -> None:
         cycle, sched = self.cycle, self.scheduler
         step_time, step_start = self.cost_model.step_time, self.step_start
-        add, forget = self.add_request, self.runner.forget
+        add = self.add_request
         nxt = next(stream, None)
         step = 0
         while True:
@@ -187,14 +187,7 @@ class Simulator:
             self.now = start + step_time(batch_from_output(so), step)
             so, outputs = cycle.finish()
             step += 1
-            done = 0
-            for out in outputs.outputs:
-                if out.finish_reason is not None:
-                    forget(out.request_id)
-                    done += 1
-            if done:
-                bar.update(done)
-            elif not (so.total_num_scheduled_tokens or sched.running or outputs.outputs or so.preempted_req_ids):
+            if not self._finished(outputs, bar) and not (so.total_num_scheduled_tokens or sched.running or outputs.outputs or so.preempted_req_ids):
                 self._stalled(nxt, step_start is not None and step_start(step) is not None)
 
     def _loop_async(self, stream: Iterator[SimRequest], external: dict[int, list[tuple[str, str]]],
@@ -205,7 +198,7 @@ class Simulator:
         replay schedules each step no earlier than it was recorded, so the same arrivals are in before it;
         external finishes apply after the step they followed."""
         cycle, sched, step_time, step_start = self.cycle, self.scheduler, self.cost_model.step_time, self.step_start
-        add, forget = self.add_request, self.runner.forget
+        add = self.add_request
         ends: deque[float] = deque()
         device_free = 0.0
         launched = 0
@@ -234,16 +227,20 @@ class Simulator:
                 continue
             self.now = max(self.now, ends.popleft())
             so, outputs = cycle.finish()
-            done = 0
-            for out in outputs.outputs:
-                if out.finish_reason is not None:
-                    forget(out.request_id)
-                    done += 1
-            if done:
-                bar.update(done)
-            elif cycle.has_work() and not (so.total_num_scheduled_tokens or sched.running or outputs.outputs
+            if not self._finished(outputs, bar) and cycle.has_work() and not (so.total_num_scheduled_tokens or sched.running or outputs.outputs
                                            or so.preempted_req_ids):
                 self._stalled(nxt, False)
+
+    def _finished(self, outputs: EngineCoreOutputs, bar: Any) -> int:
+        """Let the fake runner forget the requests that ended in this step; returns how many ended."""
+        done = 0
+        for out in outputs.outputs:
+            if out.finish_reason is not None:
+                self.runner.forget(out.request_id)
+                done += 1
+        if done:
+            bar.update(done)
+        return done
 
     def _stalled(self, nxt: SimRequest | None, recorded_ahead: bool) -> None:
         """Nothing ran and nothing can until the next arrival: jump to it, or give up if there is none."""

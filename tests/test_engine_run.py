@@ -73,7 +73,10 @@ def test_sigkill_mid_run_leaves_a_trace_readable_to_its_last_step(tmp_path, work
     assert t.decisions["step"].max() <= t.steps["step"].max()
 
 
-def test_ctrl_c_ends_cleanly_with_a_complete_trace(tmp_path, workload):
+def test_ctrl_c_ends_cleanly_with_a_complete_trace(tmp_path):
+    # Arrivals spread over ~20 s, so the run is still going when Ctrl-C comes, however fast the engine is.
+    workload = tmp_path / "slow.yaml"
+    workload.write_text(WORKLOAD.replace("rate: 30.0", "rate: 2.0"))
     out = tmp_path / "trace"
     proc = _start(["run", "--workload", str(workload), "--trace", str(out), *FLAGS])
     _wait_for_steps(out, 5, proc)

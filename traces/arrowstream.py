@@ -88,16 +88,10 @@ def read_arrow_stream(path: Path, columns: tuple[str, ...], arrow_lists: bool = 
         schema, batches, truncated = iter_batches(path)
     except (pa.ArrowInvalid, OSError):
         return pd.DataFrame(columns=list(columns)), True
+    from traces.streams import table_to_frame
+
     tbl = pa.Table.from_batches(list(batches), schema=schema)
-    names = [*columns, *(c for c in tbl.column_names if c not in columns)]
-    if only is not None:
-        names = [c for c in names if c in set(only)]
-    tbl = tbl.select(names)
-    for c in categories:
-        if c in names:
-            tbl = tbl.set_column(names.index(c), c, tbl[c].dictionary_encode())
-    lists = (lambda ty: pd.ArrowDtype(ty) if pa.types.is_list(ty) else None) if arrow_lists else None
-    return tbl.to_pandas(types_mapper=lists), truncated[0]
+    return table_to_frame(tbl, columns, only, categories, arrow_lists), truncated[0]
 
 
 def arrow_stream_to_parquet(src: Path, dst: Path) -> None:

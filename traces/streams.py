@@ -63,6 +63,13 @@ def read_stream(path: Path, table: str, columns: tuple[str, ...], extra_int_colu
         except pa.ArrowInvalid:
             df = _read_rows(path, bytes(buf.slice(0, end)), columns)
             return (df if only is None else df[[c for c in df.columns if c in set(only)]]), truncated
+    return table_to_frame(tbl, columns, only, categories, arrow_lists), truncated
+
+
+def table_to_frame(tbl, columns: Sequence[str], only: Sequence[str] | None, categories: Sequence[str],
+                   arrow_lists: bool) -> pd.DataFrame:
+    """An Arrow table of one trace table as the reader hands it out: schema columns first, then extra ones,
+    only `only` when given, `categories` dictionary-encoded, list columns as Arrow lists on request."""
     names = [*columns, *(c for c in tbl.column_names if c not in columns)]
     if only is not None:
         names = [c for c in names if c in set(only)]
@@ -70,7 +77,7 @@ def read_stream(path: Path, table: str, columns: tuple[str, ...], extra_int_colu
     for c in categories:
         if c in names:
             tbl = tbl.set_column(names.index(c), c, tbl[c].dictionary_encode())
-    return tbl.to_pandas(types_mapper=_arrow_list_dtype if arrow_lists else None), truncated
+    return tbl.to_pandas(types_mapper=_arrow_list_dtype if arrow_lists else None)
 
 
 def _arrow_list_dtype(ty):

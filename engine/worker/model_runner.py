@@ -42,6 +42,12 @@ class ModelRunner:
     def get_kv_cache_spec(self) -> KVCacheSpec:
         return kv_cache_spec(self.config.model_config.hf_config)
 
+    def get_kv_bytes_per_block(self) -> int:
+        """What one block id costs in the KV pool, in this runner's dtype: the engine core sizes the pool with it."""
+        from engine.model_executor.loader import kv_bytes_per_block
+
+        return kv_bytes_per_block(self.get_kv_cache_spec(), self.block_size, self.dtype)
+
     @torch.inference_mode()
     def profile_run(self) -> None:
         """A worst-case forward without KV cache (a full token budget, split into max_model_len

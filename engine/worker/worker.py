@@ -53,6 +53,9 @@ class Worker:
     def get_kv_cache_spec(self) -> KVCacheSpec:
         return self.model_runner.get_kv_cache_spec()
 
+    def get_kv_bytes_per_block(self) -> int:
+        return self.model_runner.get_kv_bytes_per_block()
+
     def determine_available_memory(self) -> dict:
         """CUDA: profile a worst-case forward and apply the seed's arithmetic,
         available KV = free memory at start x gpu_memory_utilization - peak memory of the model."""
