@@ -32,7 +32,8 @@ def run_workload(engine, workload, time_scale: float = 1.0, max_requests: int | 
     start = time.monotonic()
     submitted = 0
     interrupted = False
-    bar = tqdm(total=max_requests, desc="requests", unit="req", disable=not progress, dynamic_ncols=True)
+    bar = tqdm(total=workload.count(max_requests) if progress else None, desc="requests", unit="req",
+               disable=not progress, dynamic_ncols=True)
     try:
         while True:
             now = time.monotonic()

@@ -118,6 +118,8 @@ def attribute(a: Any, b: Any, identical: np.ndarray) -> dict[str, Any]:
 
 
 def format_attribution(r: dict[str, Any]) -> list[str]:
+    from sim.compare import metric_label
+
     other = r.get("predicted_from") or "A's own times"
     lines = [f"error breakdown (B - A; B's times on {r['identical_steps']} of {r['steps_a']} identical steps, "
              f"{other} on the others): step time | host+gap | decisions | re-timing"]
@@ -126,6 +128,6 @@ def format_attribution(r: dict[str, Any]) -> list[str]:
             continue
         p = {k: f"{m[k] / abs(m['a']) * 100:+7.2f}%" for k in ("total", "step_time", "host_gap", "divergence",
                                                                 "retiming")}
-        lines.append(f"  {name:<24} total {p['total']} = {p['step_time']} | {p['host_gap']} | "
+        lines.append(f"  {metric_label(name)[0]:<24} total {p['total']} = {p['step_time']} | {p['host_gap']} | "
                      f"{p['divergence']} | {p['retiming']}")
     return lines

@@ -189,7 +189,7 @@ def replay(args: argparse.Namespace) -> int:
 
             print(format_samples(summary["samples"]))
     if args.plots:
-        paths = write_plots(trace, args.plots)
+        paths = write_plots(trace, args.plots, slos=slos)
         if not args.json:
             print(f"plots: {', '.join(str(p) for p in paths)}")
     if not args.json:

@@ -1,68 +1,22 @@
 """`sim compare A B`: how faithfully trace B (typically a simulator replay) reproduces trace A.
 
-Decisions are compared step by step as multisets of rows (request, event, tokens, phase, computed
-tokens, prefix hits, blocks gained/freed, finish reason): a step matches when both traces made the same
-decisions in it, whatever order they wrote them in. The first step that differs is explained request
-by request. Latency and throughput metrics are compared as relative errors, step times as MAPE over
+Decisions are compared step by step (traces.diff: the one definition of a divergent step, which the TUI
+uses too); the first step that differs is explained request by request. Latency and throughput metrics are compared as relative errors, step times as MAPE over
 steps aligned by index.
 """
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from sim.attribution import attribute, format_attribution
+from traces.diff import ids_list, matching_steps
 from traces.summary import summarize
 
-_NUM = ("num_tokens", "num_computed_tokens", "prefix_hit_tokens")
-_STR = ("request_id", "event", "phase", "finish_reason")
-_LISTS = ("blocks_gained", "blocks_freed")
 METRICS = tuple(f"{m}_p{q}_s" for m in ("ttft", "tpot", "e2e") for q in (50, 90, 99)) + (
     "output_throughput_tok_s", "request_throughput_req_s", "duration_s")
-
-
-def _ids(v: Any) -> bytes:
-    """A block id list as int64 bytes: hashable, and cheap for Parquet's numpy arrays."""
-    if isinstance(v, np.ndarray) and v.dtype == np.int64:
-        return v.tobytes()
-    if v is None or (isinstance(v, float) and math.isnan(v)):
-        return b""
-    return np.asarray([int(x) for x in v], dtype=np.int64).tobytes()
-
-
-def _ids_list(b: bytes) -> list[int]:
-    return np.frombuffer(b, dtype=np.int64).tolist()
-
-
-def normalized_decisions(decisions: pd.DataFrame) -> pd.DataFrame:
-    """Decisions with comparable cells: missing numbers -1, missing strings '', block lists as bytes."""
-    d = pd.DataFrame({"step": decisions["step"].to_numpy(dtype=np.int64)})
-    for c in _STR:
-        d[c] = decisions[c].astype(object).where(decisions[c].notna(), "").astype(str).to_numpy()
-    for c in _NUM:
-        d[c] = pd.to_numeric(decisions[c]).fillna(-1).astype(np.int64).to_numpy()
-    for c in _LISTS:
-        d[c] = [_ids(v) for v in decisions[c]]
-    return d
-
-
-def step_digests(d: pd.DataFrame, num_steps: int) -> np.ndarray:
-    """One order-free fingerprint per step (sum of row hashes, mod 2**64); 0 for a step with no rows."""
-    cols = ["request_id", "event", *_NUM, "phase", *_LISTS, "finish_reason"]
-    columns = [d[c].to_numpy(dtype=object) for c in cols]  # iterating Arrow-backed columns is slow
-    hashes = np.fromiter((hash(row) & 0xFFFFFFFFFFFFFFFF for row in zip(*columns)),
-                         dtype=np.uint64, count=len(d))
-    steps = d["step"].to_numpy()
-    out = np.zeros(max(num_steps, int(steps.max()) + 1 if len(steps) else 0), dtype=np.uint64)
-    if len(d):
-        order = np.argsort(steps, kind="stable")
-        s, h = steps[order], hashes[order]
-        starts = np.flatnonzero(np.r_[True, s[1:] != s[:-1]])
-        out[s[starts]] = np.add.reduceat(h, starts)
-    return out
 
 
 def _describe_rows(rows: pd.DataFrame) -> dict[str, Any]:
@@ -72,9 +26,9 @@ def _describe_rows(rows: pd.DataFrame) -> dict[str, Any]:
             out["schedule"] = {"num_tokens": int(r.num_tokens), "phase": r.phase,
                                "num_computed_tokens": int(r.num_computed_tokens),
                                "prefix_hit_tokens": int(r.prefix_hit_tokens),
-                               "blocks_gained": _ids_list(r.blocks_gained)}
+                               "blocks_gained": ids_list(r.blocks_gained)}
         else:
-            out[r.event] = {"blocks_freed": _ids_list(r.blocks_freed), "finish_reason": r.finish_reason or None}
+            out[r.event] = {"blocks_freed": ids_list(r.blocks_freed), "finish_reason": r.finish_reason or None}
     return out
 
 
@@ -116,13 +70,8 @@ def _rel(a: float, b: float) -> float | None:
 def compare_traces(a: Any, b: Any) -> dict[str, Any]:
     """The fidelity report of trace `b` against reference trace `a` (both `traces.Trace`)."""
     na, nb = len(a.steps), len(b.steps)
-    da, db = normalized_decisions(a.decisions), normalized_decisions(b.decisions)
-    n = max(na, nb)
-    ga, gb = step_digests(da, n), step_digests(db, n)
-    n = max(n, len(ga), len(gb))
-    ga, gb = np.pad(ga, (0, n - len(ga))), np.pad(gb, (0, n - len(gb)))
-    same = ga == gb
-    same[min(na, nb):] = False
+    same, da, db = matching_steps(a.decisions, na, b.decisions, nb)
+    n = len(same)
     matched = int(same[:n].sum())
     first = int(np.flatnonzero(~same)[0]) if n and not same.all() else None
     sa, sb = summarize(a.requests, a.steps), summarize(b.requests, b.steps)
@@ -148,6 +97,16 @@ def _clean(v: Any) -> Any:
     return None if isinstance(v, float) and v != v else v
 
 
+def metric_label(name: str) -> tuple[str, float, str]:
+    """A summary key as printed, with the scale and unit its values are printed in: `ttft_p50_s` is
+    `ttft p50` in ms, `output_throughput_tok_s` is `output throughput` in tok/s."""
+    for suffix, unit in (("_tok_s", "tok/s"), ("_req_s", "req/s")):
+        if name.endswith(suffix):
+            return name.removesuffix(suffix).replace("_", " "), 1.0, unit
+    base = name.removesuffix("_s").replace("_", " ")
+    return (base, 1e3, "ms") if name.split("_")[0] in ("ttft", "tpot", "e2e", "itl", "queue") else (base, 1.0, "s")
+
+
 def format_report(r: dict[str, Any]) -> str:
     lines = [f"A: {r['a']} ({r['steps_a']} steps, {r['requests_a']} requests)",
              f"B: {r['b']} ({r['steps_b']} steps, {r['requests_b']} requests)",
@@ -159,13 +118,13 @@ def format_report(r: dict[str, Any]) -> str:
         lines.append(f"first divergent step: {r['first_divergent_step']}")
         for d in r["divergence"]:
             lines.append(f"  {d['request_id']}: " + "; ".join(d["differences"] or ["rows differ"]))
-    lines.append("metric                     A            B       rel.err")
+    lines.append(f"{'metric':<24} {'A':>13} {'B':>13} {'rel.err':>9}")
     for name, m in r["metrics"].items():
-        scale, unit = (1e3, "ms") if name.split("_")[0] in ("ttft", "tpot", "e2e") else (1.0, "")
-        fa = "n/a" if m["a"] is None else f"{m['a'] * scale:.2f}{unit}"
-        fb = "n/a" if m["b"] is None else f"{m['b'] * scale:.2f}{unit}"
+        label, scale, unit = metric_label(name)
+        fa = "n/a" if m["a"] is None else f"{m['a'] * scale:.2f} {unit}"
+        fb = "n/a" if m["b"] is None else f"{m['b'] * scale:.2f} {unit}"
         err = "n/a" if m["rel_error"] is None else f"{m['rel_error'] * 100:+.2f}%"
-        lines.append(f"{name:<24} {fa:>10} {fb:>12} {err:>12}")
+        lines.append(f"{label:<24} {fa:>13} {fb:>13} {err:>9}")
     mape = r["step_time_mape"]
     lines.append(f"step time MAPE: {'n/a' if mape is None else f'{mape * 100:.2f}%'} over {r['steps_aligned']} "
                  "steps aligned by index")

@@ -156,8 +156,11 @@ def format_sim_summary(s: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def write_plots(trace: Any, out_dir: str | Path, bins: int = 200) -> list[Path]:
-    """Latency CDFs, output throughput, queue lengths and KV usage over simulated time, as PNGs."""
+def write_plots(trace: Any, out_dir: str | Path, bins: int = 200, slos: list[SLO] | None = None) -> list[Path]:
+    """Latency CDFs, output throughput, queue lengths and KV usage over simulated time, as PNGs, each
+    titled with what was simulated; `slos` draw their thresholds and percentiles on the CDFs."""
+    from traces.describe import describe_run
+
     import matplotlib
 
     matplotlib.use("Agg")
@@ -170,8 +173,12 @@ def write_plots(trace: Any, out_dir: str | Path, bins: int = 200) -> list[Path]:
     series = {"ttft": lat["ttft"].to_numpy(float), "tpot": lat["tpot"].to_numpy(float),
               "e2e": lat["e2e"].to_numpy(float), "itl": inter_token_latencies(trace.decisions, steps)}
 
+    workload = (trace.meta.get("workload") or {}).get("name")
+    title = " · ".join(x for x in (workload, describe_run(trace.meta)) if x)
+
     def save(fig: Any, name: str) -> None:
         path = out / name
+        fig.suptitle(title, fontsize=9)
         fig.tight_layout()
         fig.savefig(path, dpi=100)
         plt.close(fig)
@@ -182,6 +189,11 @@ def write_plots(trace: Any, out_dir: str | Path, bins: int = 200) -> list[Path]:
         v = np.sort(v[~np.isnan(v)])
         if len(v):
             ax.plot(v * 1e3, np.arange(1, len(v) + 1) / len(v))
+        for slo in slos or []:
+            if slo.metric == name:
+                ax.axvline(slo.threshold_s * 1e3, color="r", ls="--", lw=0.8, label=slo.label)
+                ax.axhline((slo.percentile or 100) / 100, color="r", ls=":", lw=0.6)
+                ax.legend(fontsize=7)
         ax.set(title=f"{name} CDF", xlabel="ms", ylabel="fraction of " + ("tokens" if name == "itl" else "requests"))
         ax.grid(alpha=0.3)
     save(fig, "latency_cdf.png")

@@ -70,14 +70,11 @@ def workload_source(path: Path, vocab_size: int, limit: int | None = None, time_
     from workloads import load_workload
 
     workload = load_workload(path)
-    spec = workload.spec
-    counts = [c for c in (spec.num_requests, limit) if c is not None]
     stream = (SimRequest(request_id=r.request_id, arrival=r.arrival, prompt_token_ids=r.prompt_token_ids,
                          max_tokens=r.max_tokens, add_time=r.arrival)
               for r in workload.requests(vocab_size=vocab_size, limit=limit, time_scale=time_scale))
     meta = {**workload.to_dict(), "time_scale": time_scale, "max_requests": limit, "vocab_size": vocab_size}
-    return Source(kind="workload", path=path, requests=stream, num_requests=min(counts) if counts else None,
-                  meta=meta)
+    return Source(kind="workload", path=path, requests=stream, num_requests=workload.count(limit), meta=meta)
 
 
 def _natural(rid: str) -> tuple:

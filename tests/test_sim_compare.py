@@ -122,3 +122,12 @@ def test_cli_compare_of_a_non_trace_is_one_line_exit_2(tmp_path, trace_dir, caps
     assert main(["compare", str(trace_dir), str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and str(tmp_path) in err
+
+
+def test_report_labels_each_value_with_its_unit():
+    from sim.compare import metric_label
+
+    assert metric_label("ttft_p50_s") == ("ttft p50", 1e3, "ms")
+    assert metric_label("output_throughput_tok_s") == ("output throughput", 1.0, "tok/s")
+    assert metric_label("request_throughput_req_s") == ("request throughput", 1.0, "req/s")
+    assert metric_label("duration_s") == ("duration", 1.0, "s")

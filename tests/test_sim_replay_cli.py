@@ -39,3 +39,20 @@ def test_calibrated_replay_is_labelled_with_the_profile_s_model_and_device():
 def test_roofline_replay_of_an_engine_trace_names_the_trace_s_model_not_hf_config():
     model, hardware = _simulated_model("roofline", _Source(), {"hidden_size": 256}, "h200", {"name": "roofline"})
     assert model["model"] == "builtin" and model["hf_config"] == {"hidden_size": 256} and hardware == "h200"
+
+
+def test_plots_carry_what_was_simulated_and_the_slo_thresholds(tmp_path, monkeypatch):
+    from matplotlib.figure import Figure
+
+    seen = []
+    real = Figure.savefig
+
+    def spy(fig, path, *a, **kw):
+        legends = [t.get_text() for ax in fig.axes if ax.get_legend() for t in ax.get_legend().get_texts()]
+        seen.append((fig._suptitle.get_text() if fig._suptitle else "", legends))
+        return real(fig, path, *a, **kw)
+
+    monkeypatch.setattr(Figure, "savefig", spy)
+    assert main([*ARGS, "--slo", "ttft_p99=2s", "--plots", str(tmp_path / "p"), "--trace", str(tmp_path / "t")]) == 0
+    assert all(title == "bursty · sim · qwen3-0.6b on h200 · roofline" for title, _ in seen)
+    assert ["ttft_p99<=2000ms"] in [legends for _, legends in seen]

@@ -285,3 +285,13 @@ def test_workloads_import_without_torch():
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=Path(__file__).parents[1])
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == "False"
+
+
+def test_count_is_known_for_request_counts_and_traces_but_not_durations():
+    from workloads import load_workload
+
+    root = Path(__file__).parents[1] / "workloads"
+    assert load_workload(root / "bursty.yaml").count() == 400
+    assert load_workload(root / "bursty.yaml").count(limit=7) == 7
+    assert load_workload(root / "azure_conv.yaml").count() == 19366
+    assert load_workload(root / "onoff.yaml").count(limit=7) is None

@@ -1,30 +1,14 @@
 """Two runs side by side (typically an engine trace and its simulator replay), aligned by step number.
-A step *diverges* when the two runs decided differently in it: a different set of (request, event,
-tokens, phase) rows, or the step exists in one run only. Step times never count as divergence; they
-are expected to differ between a real engine and a cost model."""
+A step *diverges* as `sim compare` counts it (traces.diff): different decision rows, or the step exists
+in one run only. Step times never count as divergence; they are expected to differ between a real engine
+and a cost model."""
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
 
+from traces.diff import matching_steps
 from tui.model import RunIndex, as_float
-
-KEY_COLUMNS = ("request_id", "event", "num_tokens", "phase")
-
-
-def step_signatures(run: RunIndex) -> np.ndarray:
-    """One order-independent 64-bit hash per step of its decision rows (0 for a step without rows)."""
-    sig = np.zeros(run.n, np.uint64)
-    dec = run.decisions
-    if not len(dec):
-        return sig
-    cols = dec[list(KEY_COLUMNS)].astype({"phase": object, "num_tokens": "int64"})
-    h = pd.util.hash_pandas_object(cols, index=False).to_numpy(np.uint64)
-    pos = np.searchsorted(run.step_no, run.d_step)
-    ok = (pos < run.n) & (run.step_no[np.minimum(pos, run.n - 1)] == run.d_step)
-    np.add.at(sig, pos[ok], h[ok])
-    return sig
-
 
 def _describe(row: pd.Series | None) -> str:
     if row is None:
@@ -42,10 +26,10 @@ class Comparison:
         self.a, self.b = a, b
         self.n = max(a.n, b.n)
         m = min(a.n, b.n)
-        same_steps = np.array_equal(a.step_no[:m], b.step_no[:m])
-        differs = step_signatures(a)[:m] != step_signatures(b)[:m]
-        if not same_steps:
-            differs |= a.step_no[:m] != b.step_no[:m]
+        steps = lambda run: int(run.step_no.max()) + 1 if run.n else 0  # noqa: E731
+        same, _, _ = matching_steps(a.decisions, steps(a), b.decisions, steps(b))
+        sa, sb = a.step_no[:m], b.step_no[:m]
+        differs = (sa != sb) | ~same[np.minimum(sa, len(same) - 1)] if m else np.zeros(0, bool)
         self.divergent = np.r_[np.flatnonzero(differs), np.arange(m, self.n)].astype(np.int64)
         self.is_divergent = np.zeros(self.n, bool)
         self.is_divergent[self.divergent] = True

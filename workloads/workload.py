@@ -31,6 +31,19 @@ class Workload:
     def seed(self) -> int:
         return self.spec.seed
 
+    def count(self, limit: int | None = None) -> int | None:
+        """How many requests `requests(limit=limit)` yields, where that is known without generating them
+        (a progress bar's total): num_requests, or a trace's rows; None for a duration-bounded workload."""
+        if self.spec.duration is not None:
+            return None
+        n = self.spec.num_requests
+        if self.trace_path is not None:
+            from workloads.importers import read_trace
+
+            rows = sum(1 for _ in read_trace(self.trace_path, self.spec.arrival.format))
+            n = rows if n is None else min(n, rows)
+        return n if limit is None or n is None else min(n, limit)
+
     def requests(self, vocab_size: int = 32000, limit: int | None = None,
                  time_scale: float = 1.0) -> Iterator[WorkloadRequest]:
         """A stream (generator) of requests in arrival order; arrivals are multiplied by `time_scale`."""

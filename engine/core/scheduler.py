@@ -22,6 +22,10 @@ from engine.core.request import Request, RequestStatus
 from engine.core.request_queue import create_request_queue
 from engine.core.sched_output import CachedRequestData, NewRequestData, SchedulerOutput
 
+# Shared by every request that gains no block in a step; readers never mutate new_block_ids entries,
+# and one list instead of one per decode keeps the garbage collector's young generation small.
+_NO_BLOCK_IDS: list[int] = []
+
 
 class Scheduler:
     """Decides, each step, which requests compute how many tokens; shared verbatim by engine and simulator."""
@@ -99,8 +103,11 @@ class Scheduler:
         # vLLM 0.32: the long-prefill cap only applies when another request could use the budget.
         threshold = self.long_prefill_token_threshold if len(running) + len(self.waiting) > 1 else 0
         max_model_len = self.max_model_len
+        block_size = self.block_size
+        caching = kv.enable_caching
+        req_to_blocks, num_cached_block = kv.req_to_blocks, kv.num_cached_block
         num_scheduled: dict[str, int] = {}
-        new_blocks_of: dict[str, list[KVCacheBlock]] = {}
+        new_blocks_of: dict[str, list[KVCacheBlock]] = {}  # only requests that gained blocks
         scheduled_running: list[Request] = []
         preempted: list[Request] = []
         preempted_block_ids: dict[str, list[int]] = {}
@@ -108,19 +115,32 @@ class Scheduler:
         i = 0
         while i < len(running) and budget > 0:
             req = running[i]
+            computed = req.num_computed_tokens
             placeholders = req.num_output_placeholders
-            if placeholders and req.num_computed_tokens + 2 - placeholders >= req.num_prompt_tokens + req.max_tokens:
+            if placeholders and computed + 2 - placeholders >= req.num_prompt_tokens + req.max_tokens:
                 i += 1  # async: the step in flight already reaches max_tokens
                 continue
-            n = len(req.all_token_ids) + placeholders - req.num_computed_tokens
+            n = len(req.all_token_ids) + placeholders - computed
             if 0 < threshold < n:
                 n = threshold
             if n > budget:
                 n = budget
             # Room for the token this step samples (vLLM 0.32: max_model_len - computed - 1).
-            if n > max_model_len - req.num_computed_tokens - 1:
-                n = max_model_len - req.num_computed_tokens - 1
+            if n > max_model_len - computed - 1:
+                n = max_model_len - computed - 1
             if n <= 0:
+                i += 1
+                continue
+            # Inlined decode fast path of allocate_slots: the held blocks have room and no block fills
+            # up, so there is nothing to allocate or publish.
+            end = computed + n
+            rid = req.request_id
+            held = req_to_blocks.get(rid)
+            if (held is not None and len(held) * block_size >= end
+                    and (not caching or end // block_size <= num_cached_block[rid])):
+                scheduled_running.append(req)
+                num_scheduled[rid] = n
+                budget -= n
                 i += 1
                 continue
             while (new_blocks := kv.allocate_slots(req, n)) is None:
@@ -131,7 +151,7 @@ class Scheduler:
                     i -= 1
                 if victim.request_id in num_scheduled:
                     budget += num_scheduled.pop(victim.request_id)
-                    del new_blocks_of[victim.request_id]
+                    new_blocks_of.pop(victim.request_id, None)
                     scheduled_running.remove(victim)
                 preempted_block_ids[victim.request_id] = self._preempt(victim)
                 preempted.append(victim)
@@ -140,7 +160,8 @@ class Scheduler:
             if new_blocks is None:
                 break
             scheduled_running.append(req)
-            new_blocks_of[req.request_id] = new_blocks
+            if new_blocks:
+                new_blocks_of[req.request_id] = new_blocks
             num_scheduled[req.request_id] = n
             budget -= n
             i += 1
@@ -195,9 +216,9 @@ class Scheduler:
         requests = self.requests
         for req_id, n in scheduler_output.num_scheduled_tokens.items():
             req = requests[req_id]
-            req.num_computed_tokens += n
+            computed = req.num_computed_tokens = req.num_computed_tokens + n
             req.num_in_flight_tokens += n
-            req.is_prefill_chunk = req.num_computed_tokens < len(req.all_token_ids) + req.num_output_placeholders
+            req.is_prefill_chunk = computed < len(req.all_token_ids) + req.num_output_placeholders
 
     def _make_output(self, scheduled_new: list[Request], scheduled_resumed: list[Request],
                      scheduled_running: list[Request], new_blocks_of: dict[str, list[KVCacheBlock]],
@@ -212,13 +233,13 @@ class Scheduler:
         run_ids = [r.request_id for r in scheduled_running]
         cached = CachedRequestData(
             run_ids, [False] * n, [None] * n,
-            [[b.block_id for b in blocks] if (blocks := new_blocks_of[rid]) else [] for rid in run_ids],
+            [[b.block_id for b in new_blocks_of[rid]] if rid in new_blocks_of else _NO_BLOCK_IDS for rid in run_ids],
             [r.num_computed_tokens for r in scheduled_running])
         # A decode computes the one token after everything computed so far, and it is an output token.
         decode_ids = {r.request_id for r in scheduled_running
                       if r.num_computed_tokens == len(r.all_token_ids) + r.num_output_placeholders - 1
                       and (r.output_token_ids or r.num_output_placeholders)}
-        num_decode_tokens = sum(num_scheduled[rid] for rid in decode_ids)
+        num_decode_tokens = len(decode_ids)  # a decode has exactly one token left, so it is scheduled one
         for req in scheduled_resumed:
             cached.req_ids.append(req.request_id)
             cached.resumed_from_preemption.append(True)
@@ -262,6 +283,7 @@ class Scheduler:
         stopped_waiting: set[Request] = set()
         requests = self.requests
         running_status = RequestStatus.RUNNING
+        update_request = self._update_request_with_output
         # Walk the requests in the scheduler's own order, not the runner's batch order, so that finishes
         # (and so the free queue) never depend on how a runner arranges its batch.
         sampled = dict(zip(model_runner_output.req_ids, model_runner_output.sampled_token_ids))
@@ -279,10 +301,12 @@ class Scheduler:
             status_before = req.status
             if req.first_token_time is None:
                 req.first_token_time = now
-            new_ids, done = self._update_request_with_output(req, new_ids, stale, status_before)
-            cached = req.num_cached_tokens
-            out = EngineCoreOutput(req_id, new_ids, None, None, cached if cached > 0 else 0,
-                                   logprobs.get(req_id) if logprobs else None)
+            new_ids, done = update_request(req, new_ids, stale, status_before)
+            out = EngineCoreOutput(req_id, new_ids)  # the fewer arguments, the cheaper the dataclass init
+            if req.num_cached_tokens > 0:
+                out.num_cached_tokens = req.num_cached_tokens
+            if logprobs:
+                out.new_logprobs = logprobs.get(req_id)
             if done:
                 (stopped_running if status_before == running_status else stopped_waiting).add(req)
                 out.finish_reason = req.get_finish_reason()
@@ -302,7 +326,18 @@ class Scheduler:
                                     status_before: RequestStatus) -> tuple[list[int], bool]:
         """Append the sampled tokens up to the first stop; returns the kept tokens and whether it stopped."""
         if len(new_ids) == 1:
-            req.append_output_token_ids(new_ids[0])
+            tok = new_ids[0]
+            req.output_token_ids.append(tok)
+            all_ids = req.all_token_ids
+            all_ids.append(tok)
+            num_tokens = len(all_ids)
+            if req.block_size and num_tokens % req.block_size == 0:
+                req.update_block_hashes()
+            # Most tokens cannot stop anything: skip the full check unless this one might.
+            params = req.sampling_params
+            if (num_tokens < self.max_model_len and len(req.output_token_ids) < req.max_tokens
+                    and (params.ignore_eos or tok != req.eos_token_id) and tok not in params.stop_token_ids):
+                return new_ids, False
             return new_ids, self._check_stop(req)
         for k, tok in enumerate(new_ids):
             req.append_output_token_ids(tok)

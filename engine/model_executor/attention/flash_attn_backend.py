@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.model_executor.attention import torch_backend
+from engine.model_executor.attention.paged import paged_forward
 from engine.model_executor.forward_context import AttentionMetadata
 
 try:
@@ -66,6 +67,28 @@ def reshape_and_cache(
         torch_backend.reshape_and_cache(key, value, kv_cache, slot_mapping)
 
 
+def _decode(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float, out: torch.Tensor,
+            nd: int) -> None:
+    out[:nd] = flash_attn_with_kvcache(
+        q[:nd, None], kv_cache[0], kv_cache[1],
+        cache_seqlens=meta.seq_lens[:nd], block_table=meta.block_tables[:nd],
+        softmax_scale=scale, causal=True,
+    ).squeeze(1)
+
+
+def _prefill(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float, out: torch.Tensor,
+             nd: int) -> None:
+    qsl, n = meta.query_start_loc_cpu, meta.num_actual_tokens
+    start = qsl[nd]
+    cu_seqlens_k = F.pad(meta.seq_lens[nd:].cumsum(0, dtype=torch.int32), (1, 0))
+    out[start:n] = flash_attn_varlen_func(
+        q[start:n], kv_cache[0], kv_cache[1],
+        meta.query_start_loc[nd:] - start, cu_seqlens_k,
+        max(qsl[i + 1] - qsl[i] for i in range(nd, meta.num_seqs)), max(meta.seq_lens_cpu[nd:]),
+        softmax_scale=scale, causal=True, block_table=meta.block_tables[nd:],
+    )
+
+
 def forward(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -74,34 +97,9 @@ def forward(
     meta: AttentionMetadata | None,
     scale: float,
 ) -> torch.Tensor:
-    """Same contract as the torch backend; without metadata or a cache (profiling) it defers to it."""
-    if meta is None or kv_cache is None:
-        return torch_backend.forward(q, k, v, kv_cache, meta, scale)
-    _check(kv_cache.shape[2], q.dtype, q.shape[-1])
-    n = meta.num_actual_tokens
-    out = torch.empty_like(q)
-    out[n:].zero_()
-    reshape_and_cache(k[:n], v[:n], kv_cache, meta.slot_mapping[:n])
-    k_cache, v_cache = kv_cache[0], kv_cache[1]
-    nd = meta.num_decodes
-    if nd:
-        assert meta.num_decode_tokens == nd, "decode sequences must have query length 1"
-        out[:nd] = flash_attn_with_kvcache(
-            q[:nd, None], k_cache, v_cache,
-            cache_seqlens=meta.seq_lens[:nd], block_table=meta.block_tables[:nd],
-            softmax_scale=scale, causal=True,
-        ).squeeze(1)
-    if meta.num_seqs > nd:
-        qsl = meta.query_start_loc_cpu
-        start = qsl[nd]
-        cu_seqlens_k = F.pad(meta.seq_lens[nd:].cumsum(0, dtype=torch.int32), (1, 0))
-        out[start:n] = flash_attn_varlen_func(
-            q[start:n], k_cache, v_cache,
-            meta.query_start_loc[nd:] - start, cu_seqlens_k,
-            max(qsl[i + 1] - qsl[i] for i in range(nd, meta.num_seqs)), max(meta.seq_lens_cpu[nd:]),
-            softmax_scale=scale, causal=True, block_table=meta.block_tables[nd:],
-        )
-    return out
+    """Same contract as the torch backend (the shared steps are in attention/paged.py)."""
+    return paged_forward(q, k, v, kv_cache, meta, scale, store=reshape_and_cache, decode=_decode,
+                         prefill=_prefill, check=lambda q, kv: _check(kv.shape[2], q.dtype, q.shape[-1]))
 
 
 class FlashAttentionBackend:

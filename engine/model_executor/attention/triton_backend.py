@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import torch
 
-from engine.model_executor.attention import torch_backend, triton_cache, triton_decode, triton_prefill
+from engine.model_executor.attention import triton_cache, triton_decode, triton_prefill
+from engine.model_executor.attention.paged import paged_forward
 from engine.model_executor.forward_context import AttentionMetadata
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -32,6 +33,23 @@ def reshape_and_cache(
     triton_cache.store_kvcache(key, value, kv_cache, slot_mapping)
 
 
+def _check(q: torch.Tensor, kv_cache: torch.Tensor) -> None:
+    check_head_size(q.shape[-1])
+    assert q.dtype in SUPPORTED_DTYPES, f"triton attention supports {SUPPORTED_DTYPES}, got {q.dtype}"
+
+
+def _decode(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float, out: torch.Tensor,
+            nd: int) -> None:
+    triton_decode.paged_decode(q[:nd], kv_cache, meta.block_tables, meta.seq_lens, max(meta.seq_lens_cpu[:nd]),
+                               scale, out)
+
+
+def _prefill(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float, out: torch.Tensor,
+             nd: int) -> None:
+    triton_prefill.paged_prefill(q, kv_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc,
+                                 nd, meta.num_seqs - nd, meta.max_query_len, scale, out)
+
+
 def forward(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -40,28 +58,9 @@ def forward(
     meta: AttentionMetadata | None,
     scale: float,
 ) -> torch.Tensor:
-    """Same contract as the torch backend; without metadata or a cache (profiling) it defers to it."""
-    if meta is None or kv_cache is None:
-        return torch_backend.forward(q, k, v, kv_cache, meta, scale)
-    check_head_size(q.shape[-1])
-    assert q.dtype in SUPPORTED_DTYPES, f"triton attention supports {SUPPORTED_DTYPES}, got {q.dtype}"
-    n = meta.num_actual_tokens
-    out = torch.empty_like(q)
-    out[n:].zero_()
-    triton_cache.store_kvcache(k[:n], v[:n], kv_cache, meta.slot_mapping[:n])
-    nd = meta.num_decodes
-    if nd:
-        assert meta.num_decode_tokens == nd, "decode sequences must have query length 1"
-        triton_decode.paged_decode(
-            q[:nd], kv_cache, meta.block_tables, meta.seq_lens, max(meta.seq_lens_cpu[:nd]), scale, out
-        )
-    num_prefills = meta.num_seqs - nd
-    if num_prefills:
-        triton_prefill.paged_prefill(
-            q, kv_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc,
-            nd, num_prefills, meta.max_query_len, scale, out,
-        )
-    return out
+    """Same contract as the torch backend (the shared steps are in attention/paged.py)."""
+    return paged_forward(q, k, v, kv_cache, meta, scale, store=reshape_and_cache, decode=_decode,
+                         prefill=_prefill, check=_check)
 
 
 class TritonAttentionBackend:

@@ -1,0 +1,71 @@
+"""Which steps two traces decided alike: the one definition of a divergent step, shared by `sim compare`
+and the TUI's compare view.
+
+A step matches when both traces made the same decisions in it, as multisets of rows (request, event,
+tokens, phase, computed tokens, prefix hits, blocks gained and freed, finish reason), whatever order they
+wrote them in; a step present in one trace only diverges. Step times never count.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+_NUM = ("num_tokens", "num_computed_tokens", "prefix_hit_tokens")
+_STR = ("request_id", "event", "phase", "finish_reason")
+_LISTS = ("blocks_gained", "blocks_freed")
+def _ids(v: Any) -> bytes:
+    """A block id list as int64 bytes: hashable, and cheap for Parquet's numpy arrays."""
+    if isinstance(v, np.ndarray) and v.dtype == np.int64:
+        return v.tobytes()
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return b""
+    return np.asarray([int(x) for x in v], dtype=np.int64).tobytes()
+
+
+def ids_list(b: bytes) -> list[int]:
+    return np.frombuffer(b, dtype=np.int64).tolist()
+
+
+def normalized_decisions(decisions: pd.DataFrame) -> pd.DataFrame:
+    """Decisions with comparable cells: missing numbers -1, missing strings '', block lists as bytes."""
+    d = pd.DataFrame({"step": decisions["step"].to_numpy(dtype=np.int64)})
+    for c in _STR:
+        d[c] = decisions[c].astype(object).where(decisions[c].notna(), "").astype(str).to_numpy()
+    for c in _NUM:
+        d[c] = pd.to_numeric(decisions[c]).fillna(-1).astype(np.int64).to_numpy()
+    for c in _LISTS:
+        d[c] = [_ids(v) for v in decisions[c]]
+    return d
+
+
+def step_digests(d: pd.DataFrame, num_steps: int) -> np.ndarray:
+    """One order-free fingerprint per step (sum of row hashes, mod 2**64); 0 for a step with no rows."""
+    cols = ["request_id", "event", *_NUM, "phase", *_LISTS, "finish_reason"]
+    columns = [d[c].to_numpy(dtype=object) for c in cols]  # iterating Arrow-backed columns is slow
+    hashes = np.fromiter((hash(row) & 0xFFFFFFFFFFFFFFFF for row in zip(*columns)),
+                         dtype=np.uint64, count=len(d))
+    steps = d["step"].to_numpy()
+    out = np.zeros(max(num_steps, int(steps.max()) + 1 if len(steps) else 0), dtype=np.uint64)
+    if len(d):
+        order = np.argsort(steps, kind="stable")
+        s, h = steps[order], hashes[order]
+        starts = np.flatnonzero(np.r_[True, s[1:] != s[:-1]])
+        out[s[starts]] = np.add.reduceat(h, starts)
+    return out
+
+
+def matching_steps(decisions_a: pd.DataFrame, num_steps_a: int, decisions_b: pd.DataFrame,
+                   num_steps_b: int) -> tuple[np.ndarray, pd.DataFrame, pd.DataFrame]:
+    """(same, da, db): `same[i]` tells whether step i matches, for every step of the longer trace, and the
+    normalized decisions of both (for explaining a divergence)."""
+    da, db = normalized_decisions(decisions_a), normalized_decisions(decisions_b)
+    n = max(num_steps_a, num_steps_b)
+    ga, gb = step_digests(da, n), step_digests(db, n)
+    n = max(n, len(ga), len(gb))
+    ga, gb = np.pad(ga, (0, n - len(ga))), np.pad(gb, (0, n - len(gb)))
+    same = ga == gb
+    same[min(num_steps_a, num_steps_b):] = False
+    return same, da, db
