@@ -9,6 +9,7 @@ import logging
 import sys
 
 from engine.config import EngineArgs
+from engine.core.flags import OneLineParser, flag_error, flags_of
 
 
 def _add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -24,7 +25,7 @@ def _add_sampling_args(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="engine", description="stepscope's live engine (vLLM v1 style).")
+    p = OneLineParser(prog="engine", description="stepscope's live engine (vLLM v1 style).")
     sub = p.add_subparsers(dest="command")
     gen = sub.add_parser("generate", help="generate text for one or more prompts")
     gen.add_argument("prompts", nargs="+", help="prompt text")
@@ -61,7 +62,10 @@ def _generate(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:
+        return int(e.code or 0)
     if args.command is None:
         parser.print_help()
         return 0
@@ -72,7 +76,10 @@ def main(argv: list[str] | None = None) -> int:
         from engine.run import main_run
 
         return main_run(args)
-    except (ValueError, FileNotFoundError) as e:
+    except ValueError as e:
+        print(f"engine {args.command}: error: {flag_error(e, flags_of(EngineArgs))}", file=sys.stderr)
+        return 2
+    except FileNotFoundError as e:
         print(f"engine {args.command}: error: {e}", file=sys.stderr)
         return 2
 

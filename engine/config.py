@@ -15,11 +15,12 @@ from pathlib import Path
 from typing import Any
 
 from engine.core.config import CacheConfig, SchedulerConfig
+from engine.core.flags import add_flags, check_choice, flags_of, option, same_option
 from engine.core.model_shapes import BUILTIN, get_model_config
 DEFAULT_CPU_KV_CACHE_MEMORY = 512 << 20
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class ModelConfig:
     """What to run: `source` is builtin, checkpoint or preset; `hf_config` is a transformers config."""
 
@@ -86,80 +87,75 @@ class EngineConfig:
                 "observability": dataclasses.asdict(self.observability_config)}
 
 
-def _help(text: str) -> dict:
-    return {"help": text}
+LOAD_FORMATS = ("auto", "safetensors", "dummy")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+ATTENTION_BACKENDS = ("auto", "torch", "triton", "flash-attn")
 
 
 @dataclass
 class EngineArgs:
-    """Engine flags under vLLM's names; `LLM(**kwargs)` and the CLI both land here."""
+    """Engine flags under vLLM's names; `LLM(**kwargs)` and the CLI both land here. Scheduler and cache
+    options are declared on SchedulerConfig/CacheConfig (shared with the simulator) and repeated here by
+    `same_option`, which copies their flag, help, choices and default."""
 
-    model: str | None = field(default=None, metadata=_help("local HF checkpoint dir or preset; default: built-in model"))
-    tokenizer: str | None = field(default=None, metadata=_help("tokenizer dir (default: the model's)"))
-    skip_tokenizer_init: bool = field(default=False, metadata=_help(
-        "load no tokenizer: prompts must be token ids, outputs carry no text"))
-    load_format: str = field(default="auto", metadata=_help("auto | safetensors | dummy"))
-    dtype: str = field(default="auto", metadata=_help("auto | float32 | bfloat16 | float16"))
-    device: str = field(default="auto", metadata=_help("auto | cpu | cuda"))
-    seed: int = field(default=0, metadata=_help("seed for dummy weights and unseeded sampling"))
-    max_model_len: int | None = field(default=None, metadata=_help("context length (default: the model's)"))
-    hf_overrides: dict | str | None = field(default=None, metadata=_help(
-        "JSON object of model config fields to override, e.g. '{\"max_position_embeddings\": 8192}'"))
-    max_num_seqs: int = field(default=256, metadata=_help("max requests in one step"))
-    max_num_batched_tokens: int | None = field(default=None, metadata=_help("token budget per step"))
-    block_size: int = field(default=16, metadata=_help("tokens per KV block"))
-    gpu_memory_utilization: float = field(default=0.9, metadata=_help("share of GPU memory for the engine"))
-    num_gpu_blocks_override: int | None = field(default=None, metadata=_help("force the KV block count"))
-    kv_cache_memory: int | None = field(default=None, metadata=_help("KV cache bytes (CPU default 512 MiB)"))
-    enable_prefix_caching: bool = field(default=True, metadata=_help("reuse KV of shared prefixes"))
-    enable_chunked_prefill: bool = field(default=True, metadata=_help("split long prompts over steps"))
-    long_prefill_token_threshold: int = field(default=0, metadata=_help("cap tokens per prefill chunk (0: off)"))
-    scheduling_policy: str = field(default="fcfs", metadata=_help("fcfs | priority"))
-    async_scheduling: bool | None = field(default=None, metadata=_help(
-        "schedule step k+1 before step k's tokens are known (vLLM 0.32; default as vLLM: on for cuda, off for cpu)"))
-    scheduler_reserve_full_isl: bool = field(default=True, metadata=_help(
-        "admit a request only when its whole sequence fits in the free KV blocks (vLLM 0.32 default: on)"))
-    attention_backend: str = field(default="auto", metadata=_help("auto | torch | triton | flash-attn"))
-    enforce_eager: bool = field(default=False, metadata=_help("no CUDA graphs"))
-    num_threads: int | None = field(default=None, metadata=_help("torch CPU threads (default: all cores but one)"))
-    trace: str | None = field(default=None, metadata=_help("write a trace directory here"))
-    otlp_traces_endpoint: str | None = field(default=None, metadata=_help("also send spans to this OTLP/HTTP URL"))
+    model: str | None = option(None, "local HF checkpoint dir or preset; default: built-in model")
+    tokenizer: str | None = option(None, "tokenizer dir (default: the model's)")
+    skip_tokenizer_init: bool = option(False, "load no tokenizer: prompts must be token ids, outputs carry no text")
+    load_format: str = option("auto", "how to load the weights", choices=LOAD_FORMATS)
+    dtype: str = option("auto", "weight and activation dtype (auto: float32 on cpu, else bfloat16)", choices=DTYPES)
+    device: str = option("auto", "auto | cpu | cuda[:N]")
+    seed: int = option(0, "seed for dummy weights and unseeded sampling")
+    max_model_len: int | None = same_option(SchedulerConfig, "max_model_len", default=None)
+    hf_overrides: dict | str | None = option(
+        None, "JSON object of model config fields to override, e.g. '{\"max_position_embeddings\": 8192}'")
+    max_num_seqs: int = same_option(SchedulerConfig, "max_num_seqs")
+    max_num_batched_tokens: int | None = same_option(SchedulerConfig, "max_num_batched_tokens")
+    block_size: int = same_option(CacheConfig, "block_size")
+    gpu_memory_utilization: float = same_option(CacheConfig, "gpu_memory_utilization")
+    num_gpu_blocks_override: int | None = same_option(CacheConfig, "num_gpu_blocks_override")
+    kv_cache_memory: int | None = same_option(CacheConfig, "kv_cache_memory")
+    enable_prefix_caching: bool = same_option(CacheConfig, "enable_prefix_caching")
+    enable_chunked_prefill: bool = same_option(SchedulerConfig, "enable_chunked_prefill")
+    long_prefill_token_threshold: int = same_option(SchedulerConfig, "long_prefill_token_threshold")
+    scheduling_policy: str = same_option(SchedulerConfig, "policy")
+    async_scheduling: bool | None = same_option(SchedulerConfig, "async_scheduling", default=None)
+    scheduler_reserve_full_isl: bool = same_option(SchedulerConfig, "scheduler_reserve_full_isl")
+    attention_backend: str = option("auto", "attention kernels", choices=ATTENTION_BACKENDS)
+    enforce_eager: bool = option(False, "no CUDA graphs")
+    num_threads: int | None = option(None, "torch CPU threads (default: all cores but one)")
+    trace: str | None = option(None, "write a trace directory here")
+    otlp_traces_endpoint: str | None = option(None, "also send spans to this OTLP/HTTP URL")
 
     @classmethod
     def add_cli_args(cls, parser: argparse.ArgumentParser) -> None:
-        for f in dataclasses.fields(cls):
-            flag = "--" + f.name.replace("_", "-")
-            kw: dict[str, Any] = {"dest": f.name, "default": f.default, "help": f.metadata.get("help")}
-            if f.type in ("bool", bool, "bool | None"):
-                parser.add_argument(flag, action=argparse.BooleanOptionalAction, **kw)
-            else:
-                kind = {"int | None": int, "int": int, "float": float}.get(str(f.type), str)
-                parser.add_argument(flag, type=kind, **kw)
+        add_flags(parser, flags_of(cls))
 
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> EngineArgs:
         return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})
 
+    def _config_kwargs(self, owner: type) -> dict[str, Any]:
+        """The options declared on `owner` (SchedulerConfig, CacheConfig) under its field names."""
+        return {fl.field: getattr(self, fl.dest) for fl in flags_of(EngineArgs) if fl.owner == owner.__name__}
+
     def create_engine_config(self) -> EngineConfig:
+        for fl in flags_of(EngineArgs):
+            check_choice(getattr(self, fl.dest), fl)
         device = resolve_device(self.device)
         model_config = self._model_config(device)
-        scheduler_config = SchedulerConfig(
-            max_model_len=model_config.max_model_len, max_num_seqs=self.max_num_seqs,
-            max_num_batched_tokens=self.max_num_batched_tokens, enable_chunked_prefill=self.enable_chunked_prefill,
-            long_prefill_token_threshold=self.long_prefill_token_threshold, policy=self.scheduling_policy,
-            scheduler_reserve_full_isl=self.scheduler_reserve_full_isl,
-            async_scheduling=device.startswith("cuda") if self.async_scheduling is None else self.async_scheduling)
-        cache_config = CacheConfig(
-            block_size=self.block_size, enable_prefix_caching=self.enable_prefix_caching,
-            gpu_memory_utilization=self.gpu_memory_utilization,
-            num_gpu_blocks_override=self.num_gpu_blocks_override, kv_cache_memory=self.kv_cache_memory)
-        if self.attention_backend not in ("auto", "torch", "triton", "flash-attn"):
-            raise ValueError(f"attention_backend: must be auto, torch, triton or flash-attn, got {self.attention_backend!r}")
+        sched_kw = self._config_kwargs(SchedulerConfig)
+        if sched_kw["async_scheduling"] is None:
+            sched_kw["async_scheduling"] = device.startswith("cuda")  # vLLM's default: on where the platform allows it
+        scheduler_config = SchedulerConfig(**{**sched_kw, "max_model_len": model_config.max_model_len})
+        cache_config = CacheConfig(**self._config_kwargs(CacheConfig))
         if self.num_threads is not None and self.num_threads < 1:
             raise ValueError(f"num_threads: must be >= 1, got {self.num_threads}")
-        return EngineConfig(model_config, cache_config, scheduler_config,
-                            DeviceConfig(device, self.num_threads, self.attention_backend, self.enforce_eager),
-                            ObservabilityConfig(self.trace, self.otlp_traces_endpoint))
+        return EngineConfig(model_config=model_config, cache_config=cache_config, scheduler_config=scheduler_config,
+                            device_config=DeviceConfig(device=device, num_threads=self.num_threads,
+                                                       attention_backend=self.attention_backend,
+                                                       enforce_eager=self.enforce_eager),
+                            observability_config=ObservabilityConfig(trace_dir=self.trace,
+                                                                     otlp_traces_endpoint=self.otlp_traces_endpoint))
 
     def _model_config(self, device: str) -> ModelConfig:
         from transformers import AutoConfig
@@ -183,8 +179,6 @@ class EngineArgs:
             source, model_dir, tok_dir, load_format = "checkpoint", path, path, "safetensors"
             hf_config = AutoConfig.from_pretrained(path, local_files_only=True)
         if self.load_format != "auto":
-            if self.load_format not in ("safetensors", "dummy"):
-                raise ValueError(f"load_format: must be auto, safetensors or dummy, got {self.load_format!r}")
             if self.load_format == "safetensors" and model_dir is None:
                 raise ValueError(f"load_format: 'safetensors' needs a checkpoint directory, {name!r} has none")
             load_format = self.load_format
@@ -205,8 +199,9 @@ class EngineArgs:
             raise ValueError(f"max_model_len: {max_model_len} is more than the model's max_position_embeddings="
                              f"{limit}; lower --max-model-len or override it with --hf-overrides "
                              f"'{{\"max_position_embeddings\": {max_model_len}}}'")
-        return ModelConfig(name, source, hf_config, model_dir, tok_dir, load_format, dtype, self.seed, max_model_len,
-                           self.skip_tokenizer_init)
+        return ModelConfig(model=name, source=source, hf_config=hf_config, model_dir=model_dir,
+                           tokenizer_dir=tok_dir, load_format=load_format, dtype=dtype, seed=self.seed,
+                           max_model_len=max_model_len, skip_tokenizer_init=self.skip_tokenizer_init)
 
 
 def parse_hf_overrides(value: dict | str | None) -> dict:
@@ -236,9 +231,8 @@ def resolve_device(device: str) -> str:
 
 
 def resolve_dtype(dtype: str, device: str) -> str:
-    valid = ("auto", "float32", "bfloat16", "float16")
-    if dtype not in valid:
-        raise ValueError(f"dtype: must be one of {', '.join(valid)}, got {dtype!r}")
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype: must be one of {', '.join(DTYPES)}, got {dtype!r}")
     if dtype == "auto":
         return "float32" if device == "cpu" else "bfloat16"
     return dtype

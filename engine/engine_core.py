@@ -21,7 +21,7 @@ from engine.executor import UniProcExecutor
 logger = logging.getLogger("stepscope")
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class EngineCoreRequest:
     """What the frontend sends: token ids and validated params, never text."""
 
@@ -34,7 +34,7 @@ class EngineCoreRequest:
     cache_salt: str | None = None
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class KVCacheReport:
     num_blocks: int
     block_size: int
@@ -110,7 +110,8 @@ class EngineCore:
             self.executor.collective_rpc("compile_or_warm_up_model")
         with self._phase("capture CUDA graphs") as captured:
             captured.append(self.executor.collective_rpc("capture_cudagraphs")[0])
-        report = KVCacheReport(num_blocks, cc.block_size, per_block, (num_blocks - 1) * cc.block_size / max_len, how)
+        report = KVCacheReport(num_blocks=num_blocks, block_size=cc.block_size, bytes_per_block=per_block,
+                               max_concurrency=(num_blocks - 1) * cc.block_size / max_len, how=how)
         # Usable blocks, as the scheduler, the trace's kv_blocks_total and the TUI count them: one is the null block.
         logger.info("KV cache: %d usable blocks of %d tokens (%d tokens; +1 null block, %.2f GiB in all) = %s; "
                     "max concurrency at max_model_len %d: %.2fx", num_blocks - 1, cc.block_size, report.num_tokens,

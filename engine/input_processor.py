@@ -26,8 +26,9 @@ class InputProcessor:
             params, text, ids = self._validate(prompt, params)
         except ValueError as e:
             raise ValueError(f"request {request_id}: {e}") from None
-        return EngineCoreRequest(request_id, ids, params, self.eos_token_id,
-                                 time.monotonic() if arrival_time is None else arrival_time, priority), text
+        return EngineCoreRequest(request_id=request_id, prompt_token_ids=ids, sampling_params=params,
+                                 eos_token_id=self.eos_token_id, priority=priority,
+                                 arrival_time=time.monotonic() if arrival_time is None else arrival_time), text
 
     def _validate(self, prompt: str | dict, params: SamplingParams | None
                   ) -> tuple[SamplingParams, str | None, list[int]]:

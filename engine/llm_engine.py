@@ -44,9 +44,9 @@ class LLMEngine:
             ids = [t for t in map(as_int, ids) if t is not None] if isinstance(ids, (list, tuple)) else []
             arrival = time.monotonic() if arrival_time is None else arrival_time
             self._rejected.append(RequestOutput(
-                request_id, prompt if isinstance(prompt, str) else None, ids,
-                [CompletionOutput(0, "", [], finish_reason="error", stop_reason=str(e))], True,
-                RequestMetrics(arrival), error=str(e)))
+                request_id=request_id, prompt=prompt if isinstance(prompt, str) else None, prompt_token_ids=ids,
+                outputs=[CompletionOutput(index=0, text="", token_ids=[], finish_reason="error", stop_reason=str(e))],
+                finished=True, metrics=RequestMetrics(arrival), error=str(e)))
             self.engine_core.record_rejection(request_id, ids, arrival, str(e))
             return False
         self.output_processor.add_request(request_id, text, request.prompt_token_ids, request.sampling_params,

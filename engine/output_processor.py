@@ -75,8 +75,10 @@ class OutputProcessor:
     def _make_output(self, state: RequestState, reason: str, stop_reason: int | str | None,
                      num_cached_tokens: int) -> RequestOutput:
         text = state.detokenizer.get_next_output_text(True, False) if state.detokenizer else ""
-        completion = CompletionOutput(0, text, state.token_ids, state.cumulative_logprob, state.logprobs,
-                                      reason, stop_reason)
+        completion = CompletionOutput(index=0, text=text, token_ids=state.token_ids,
+                                      cumulative_logprob=state.cumulative_logprob, logprobs=state.logprobs,
+                                      finish_reason=reason, stop_reason=stop_reason)
         error = stop_reason if reason == "error" else None
-        return RequestOutput(state.request_id, state.prompt, state.prompt_token_ids, [completion], True,
-                             state.metrics, num_cached_tokens, error)
+        return RequestOutput(request_id=state.request_id, prompt=state.prompt, prompt_token_ids=state.prompt_token_ids,
+                             outputs=[completion], finished=True, metrics=state.metrics,
+                             num_cached_tokens=num_cached_tokens, error=error)

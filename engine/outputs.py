@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class CompletionOutput:
     index: int
     text: str
@@ -27,7 +27,7 @@ class RequestMetrics:
     finished_time: float | None = None
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class RequestOutput:
     request_id: str
     prompt: str | None

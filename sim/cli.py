@@ -1,8 +1,8 @@
 """`sim` command line: `replay` a workload file or an engine trace on the engine's own scheduler,
 `compare` two traces, `calibrate` a cost model from engine traces.
 
-Scheduler and cache flags carry the engine's names and meaning; they are declared here rather than
-imported from engine.config, which needs transformers. Bad input ends with one line on stderr naming
+Scheduler and cache flags carry the engine's names and meaning: sim.flags derives them from engine.core's
+SchedulerConfig/CacheConfig, as `engine run` does. Bad input ends with one line on stderr naming
 what is wrong and exit status 2, never a traceback.
 """
 from __future__ import annotations
@@ -12,52 +12,18 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
+
+from sim.flags import OneLineParser, add_engine_flags, config_error, recorded_or_flag
+from sim.plan_config import DEFAULT_HARDWARE, DEFAULT_MODEL
+from traces.recorder import TRACE_LEVELS
 
 DEFAULT_NUM_GPU_BLOCKS = 8192
-DEFAULT_ROOFLINE_MODEL = "llama-3.1-8b"
-DEFAULT_HARDWARE = "h100"
-_FLAG_OF = {"max_model_len": "--max-model-len", "max_num_seqs": "--max-num-seqs",
-            "max_num_batched_tokens": "--max-num-batched-tokens", "long_prefill_token_threshold":
-            "--long-prefill-token-threshold", "policy": "--scheduling-policy", "block_size": "--block-size",
-            "num_gpu_blocks": "--num-gpu-blocks", "num_gpu_blocks_override": "--num-gpu-blocks-override",
-            "gpu_memory_utilization": "--gpu-memory-utilization"}
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse that reports a bad flag in one line (no usage block) and exits 2."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-
-def _add_engine_flags(p: argparse.ArgumentParser) -> None:
-    """The engine's scheduler/cache flags; None means: from the source trace, else the engine default."""
-    g = p.add_argument_group("engine flags (same names and meaning as `engine run`)")
-    for flag, kind, text in (
-            ("--max-model-len", int, "context length"), ("--max-num-seqs", int, "max requests in one step"),
-            ("--max-num-batched-tokens", int, "token budget per step"), ("--block-size", int, "tokens per KV block"),
-            ("--num-gpu-blocks-override", int, "force the KV block count"),
-            ("--gpu-memory-utilization", float, "share of device memory for the engine (roofline KV sizing)"),
-            ("--long-prefill-token-threshold", int, "cap tokens per prefill chunk (0: off)"),
-            ("--scheduling-policy", str, "fcfs | priority"), ("--seed", int, "seed of the fabricated tokens")):
-        g.add_argument(flag, type=kind, default=None, help=text)
-    g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None)
-    g.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=None)
-
-
-def _add_scheduler_mode_flags(p: argparse.ArgumentParser) -> None:
-    """vLLM 0.32's scheduling modes; `sim replay` only (the cluster replicas run synchronously)."""
-    p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
-                   help="schedule step k+1 before step k's tokens are known (vLLM 0.32 AsyncScheduler; "
-                        "default: the source trace's mode, else off)")
-    p.add_argument("--scheduler-reserve-full-isl", action=argparse.BooleanOptionalAction, default=None,
-                   help="admit a request only when its whole sequence fits in the free KV blocks "
-                        "(vLLM 0.32 default: on)")
+DEFAULT_ROOFLINE_MODEL = DEFAULT_MODEL
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="sim", description="Discrete-event simulator on the engine's own scheduler.")
+    p = OneLineParser(prog="sim", description="Discrete-event simulator on the engine's own scheduler.")
     sub = p.add_subparsers(dest="command")
     r = sub.add_parser("replay", help="simulate a workload file or replay an engine trace directory")
     r.add_argument("source", metavar="FILE.yaml|TRACE_DIR")
@@ -82,10 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--plots", default=None, metavar="DIR", help="write latency CDF / throughput / queue / KV PNGs")
     r.add_argument("--json", action="store_true", help="print the summary as JSON")
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
-    r.add_argument("--trace-level", default="full", help="full: every table | steps: steps and requests, no "
-                   "decisions or block events | none: requests only (metrics without ITL or KV usage)")
-    _add_engine_flags(r)
-    _add_scheduler_mode_flags(r)
+    r.add_argument("--trace-level", default="full", choices=TRACE_LEVELS, help="full: every table | steps: steps "
+                   "and requests, no decisions or block events | none: requests only (metrics without ITL or KV usage)")
+    add_engine_flags(r, "replay")
     c = sub.add_parser("compare", help="fidelity report of trace B against trace A")
     c.add_argument("trace_a", metavar="TRACE_DIR_A")
     c.add_argument("trace_b", metavar="TRACE_DIR_B")
@@ -109,36 +74,24 @@ def _json(obj: Any) -> str:
     return json.dumps(clean(obj), default=str, allow_nan=False)
 
 
-def _flag_error(e: ValueError) -> ValueError:
-    """Config errors name dataclass fields; say the flag instead."""
-    field, sep, rest = str(e).partition(": ")
-    return ValueError(f"{_FLAG_OF[field]}: {rest}") if sep and field in _FLAG_OF else e
-
-
-def _pick(flag: Any, cfg: dict, key: str) -> Any:
-    return flag if flag is not None else cfg.get(key)
-
-
 def build_configs(args: argparse.Namespace, source: Any, cost_model: Any) -> tuple[Any, Any, str]:
     """SchedulerConfig and CacheConfig from flags, then the source trace's config, then engine defaults."""
+    import dataclasses
+
     from engine.core.config import CacheConfig, SchedulerConfig
 
     sc, cc = source.scheduler, source.cache
-    kw = {k: v for k, v in {
-        "max_model_len": _pick(args.max_model_len, sc, "max_model_len") or getattr(cost_model, "max_model_len", None),
-        "max_num_seqs": _pick(args.max_num_seqs, sc, "max_num_seqs"),
-        "max_num_batched_tokens": _pick(args.max_num_batched_tokens, sc, "max_num_batched_tokens"),
-        "enable_chunked_prefill": _pick(args.enable_chunked_prefill, sc, "enable_chunked_prefill"),
-        "long_prefill_token_threshold": _pick(args.long_prefill_token_threshold, sc, "long_prefill_token_threshold"),
-        "policy": _pick(args.scheduling_policy, sc, "policy"),
-        "async_scheduling": _pick(getattr(args, "async_scheduling", None), sc, "async_scheduling"),
-        "scheduler_reserve_full_isl": _pick(getattr(args, "scheduler_reserve_full_isl", None), sc,
-                                            "scheduler_reserve_full_isl"),
-        }.items() if v is not None}
-    block_size = _pick(args.block_size, cc, "block_size") or 16
-    gpu_util = _pick(args.gpu_memory_utilization, cc, "gpu_memory_utilization") or 0.9
+    sched_kw = recorded_or_flag(SchedulerConfig, args, sc)
+    if "max_model_len" not in sched_kw and getattr(cost_model, "max_model_len", None):
+        sched_kw["max_model_len"] = cost_model.max_model_len
+    # The trace's num_gpu_blocks (below) already carries any override it ran with.
+    cache_kw = recorded_or_flag(CacheConfig, args, cc, skip=("num_gpu_blocks_override",))
+    if cc.get("watermark"):
+        cache_kw["watermark"] = cc["watermark"]
     try:
-        sched = SchedulerConfig(**kw)
+        sched = SchedulerConfig(**sched_kw)
+        cache = CacheConfig(**cache_kw, num_gpu_blocks_override=args.num_gpu_blocks_override)
+        block_size, gpu_util = cache.block_size, cache.gpu_memory_utilization
         if args.num_gpu_blocks is not None:
             blocks, how = args.num_gpu_blocks, "--num-gpu-blocks"
         elif args.num_gpu_blocks_override is not None:
@@ -152,12 +105,9 @@ def build_configs(args: argparse.Namespace, source: Any, cost_model: Any) -> tup
             how = f"{cost_model.name} cost model: memory left after weights at {gpu_util} utilization"
         else:
             blocks, how = DEFAULT_NUM_GPU_BLOCKS, "default"
-        cache = CacheConfig(block_size=block_size, num_gpu_blocks=blocks,
-                            enable_prefix_caching=_pick(args.enable_prefix_caching, cc, "enable_prefix_caching")
-                            is not False, watermark=cc.get("watermark") or 0.0, gpu_memory_utilization=gpu_util,
-                            num_gpu_blocks_override=args.num_gpu_blocks_override)
+        cache = dataclasses.replace(cache, num_gpu_blocks=blocks)
     except ValueError as e:
-        raise _flag_error(e) from None
+        raise config_error(e) from None
     return sched, cache, how
 
 
@@ -173,10 +123,6 @@ def _check_flags(args: argparse.Namespace) -> None:
                              ("--vocab-size", args.vocab_size, 4)):
         if value is not None and value < low:
             raise ValueError(f"{flag}: must be >= {low}, got {value}")
-    from traces.recorder import TRACE_LEVELS
-
-    if args.trace_level not in TRACE_LEVELS:
-        raise ValueError(f"--trace-level: must be one of {', '.join(TRACE_LEVELS)}, got {args.trace_level!r}")
     if not Path(args.source).exists():
         raise ValueError(f"{args.source}: no such workload file or trace directory")
 

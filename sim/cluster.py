@@ -146,7 +146,7 @@ class Replica:
             self.stalled = True
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class ClusterResult:
     requests: pd.DataFrame
     num_steps: int
@@ -203,7 +203,8 @@ class Cluster:
                     for r in self.replicas:
                         r.recorder.close()
                     self.writer.close(num_steps=self.num_steps, sim_time=self.now)
-        return ClusterResult(self.request_table(), self.num_steps, self.now, self.trace_dir, self.stopped)
+        return ClusterResult(requests=self.request_table(), num_steps=self.num_steps, sim_time=self.now,
+                             trace_dir=self.trace_dir, stopped=self.stopped)
 
     def _loop(self, stream: Iterable[SimRequest]) -> None:
         replicas, route, block_size = self.replicas, self.router.route, self.block_size

@@ -77,7 +77,7 @@ class SimulationError(RuntimeError):
     """The simulation cannot go on (e.g. waiting requests that can never be scheduled)."""
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class SimResult:
     trace_dir: Path
     num_steps: int
@@ -155,7 +155,8 @@ class Simulator:
                 bar.close()
             wall = time.perf_counter() - wall0
             self.recorder.close(sim_time=self.now, wall_time=wall, interrupted=interrupted)
-        return SimResult(self.trace_dir, self.recorder.step, self.num_added, self.now, wall, interrupted)
+        return SimResult(trace_dir=self.trace_dir, num_steps=self.recorder.step, num_requests=self.num_added,
+                         sim_time=self.now, wall_time=wall, interrupted=interrupted)
 
     def _loop(self, stream: Iterator[SimRequest], external: dict[int, list[tuple[str, str]]], bar: Any) -> None:
         cycle, sched = self.cycle, self.scheduler

@@ -9,27 +9,26 @@ import os
 import sys
 from typing import Any
 
-from sim.plan_search import (DEFAULT_HARDWARE, DEFAULT_MAX_MODEL_LEN, DEFAULT_MODEL, PlanSpec, base_rate,
-                             base_requests, evaluate_config, run_at_rate, search_max_rate, slo_check)
+from sim.flags import OneLineParser, add_engine_flags, config_error, sim_flags
+from sim.plan_config import DEFAULT_HARDWARE, DEFAULT_MODEL, DEFAULT_ROUTER, PlanConfig
+from sim.plan_search import (PlanSpec, base_rate, base_requests, evaluate_config, run_at_rate, search_max_rate,
+                             slo_check)
 from sim.plan_table import format_table, rank, recommend
 from sim.report import parse_slo
-from sim.sweep import config_key
 
-__all__ = ["PlanSpec", "base_rate", "base_requests", "evaluate_config", "format_table", "main_plan", "rank",
+__all__ = ["PlanConfig", "PlanSpec", "base_rate", "base_requests", "evaluate_config", "format_table", "main_plan", "rank",
            "recommend", "run_at_rate", "search_max_rate", "slo_check"]
 
 
 def _parser() -> Any:
-    from sim.cli import _add_engine_flags, _Parser
-
-    p = _Parser(prog="sim plan", description="Capacity planning: max request rate within SLOs per configuration, "
+    p = OneLineParser(prog="sim plan", description="Capacity planning: max request rate within SLOs per configuration, "
                 "ranked by cost per million output tokens.")
     p.add_argument("workload", metavar="FILE.yaml")
     p.add_argument("--slo", required=True, help="e.g. ttft_p99=2s,tpot_p99=80ms")
     p.add_argument("--sweep", default=None, help="e.g. replicas=1..8,max_num_seqs=64,128,256,router=round_robin")
     p.add_argument("--hardware", default=None, help=f"comma list (h100,h200,...; default {DEFAULT_HARDWARE})")
     p.add_argument("--model", default=None, help=f"comma list of roofline model presets (default {DEFAULT_MODEL})")
-    p.add_argument("--router", default=None, help="comma list of routers (default least_outstanding)")
+    p.add_argument("--router", default=None, help=f"comma list of routers (default {DEFAULT_ROUTER})")
     p.add_argument("--replicas", type=int, default=1, help="replicas when not swept")
     p.add_argument("--price", default=None, help="dollars per GPU-hour, e.g. h200=3.5/h,h100=2.5/h")
     p.add_argument("--rate-tol", type=float, default=0.05, help="relative tolerance of the max-rate search")
@@ -49,30 +48,26 @@ def _parser() -> Any:
                    help="calibration profile whose measured residuals --samples draws from")
     p.add_argument("--json", action="store_true", help="print the ranked rows as JSON")
     p.add_argument("--no-progress", action="store_true")
-    _add_engine_flags(p)
+    add_engine_flags(p, "plan")
     return p
 
 
-def _configs(args: Any) -> tuple[list[dict[str, Any]], list[str]]:
+def _configs(args: Any) -> tuple[list[PlanConfig], list[str]]:
     from sim.sweep import expand_configs, parse_sweep
 
     sweep = parse_sweep(args.sweep) if args.sweep else {}
     for key, text, default in (("hardware", args.hardware, DEFAULT_HARDWARE), ("model", args.model, DEFAULT_MODEL),
-                               ("router", args.router, "least_outstanding")):
+                               ("router", args.router, DEFAULT_ROUTER)):
         if text is not None and key in sweep:
             raise ValueError(f"--{key} and --sweep {key}=... both given; use one")
         if key not in sweep:
             sweep[key] = [v.strip() for v in (text or default).split(",") if v.strip()]
             if not sweep[key]:
                 raise ValueError(f"--{key}: no value given")
-    defaults = {"replicas": args.replicas, "router": None, "hardware": None, "model": None,
-                "max_model_len": args.max_model_len or DEFAULT_MAX_MODEL_LEN, "max_num_seqs": args.max_num_seqs,
-                "max_num_batched_tokens": args.max_num_batched_tokens, "block_size": args.block_size or 16,
-                "long_prefill_token_threshold": args.long_prefill_token_threshold, "policy": args.scheduling_policy,
-                "enable_chunked_prefill": args.enable_chunked_prefill, "enable_prefix_caching":
-                args.enable_prefix_caching, "gpu_memory_utilization": args.gpu_memory_utilization,
-                "num_gpu_blocks": args.num_gpu_blocks_override}
-    configs = expand_configs(sweep, defaults)
+    given = {fl.field: getattr(args, fl.dest) for fl in sim_flags("plan") if getattr(args, fl.dest) is not None}
+    if "num_gpu_blocks_override" in given:
+        given["num_gpu_blocks"] = given.pop("num_gpu_blocks_override")
+    configs = expand_configs(sweep, PlanConfig(replicas=args.replicas, **given))
     swept = sorted(k for k, v in sweep.items() if len(v) > 1) or ["replicas", "hardware"]
     return configs, swept
 
@@ -100,21 +95,25 @@ def plan(args: Any) -> int:
         residual_table(os.path.abspath(args.residuals))
     prices = parse_price(args.price) if args.price else {}
     configs, swept = _configs(args)
-    for config in configs:
-        validate_config(config)
-    spec = PlanSpec(os.path.abspath(args.workload), args.slo, args.rate_tol, args.max_requests, args.length_scale,
-                    args.vocab_size, args.seed or 0, min_served_ratio=args.min_served_ratio, samples=args.samples,
+    try:
+        for config in configs:
+            validate_config(config)
+    except ValueError as e:
+        raise config_error(e) from None
+    spec = PlanSpec(workload=os.path.abspath(args.workload), slo=args.slo, rate_tol=args.rate_tol,
+                    max_requests=args.max_requests, length_scale=args.length_scale, vocab_size=args.vocab_size,
+                    seed=args.seed or 0, min_served_ratio=args.min_served_ratio, samples=args.samples,
                     residual_profile=os.path.abspath(args.residuals) if args.residuals else None)
     offered_rate = base_rate(base_requests(spec.workload, spec.max_requests, spec.length_scale, spec.vocab_size))
     plan_id = spec.fingerprint()
     done = load_results(args.results, plan_id) if args.results else {}
-    results = {config_key(c): done[config_key(c)] for c in configs if config_key(c) in done}
-    todo = [c for c in configs if config_key(c) not in results]
+    results = {c.key: done[c.key] for c in configs if c.key in done}
+    todo = [c for c in configs if c.key not in results]
     bar = tqdm(total=len(configs), initial=len(results), desc="plan", unit="config", disable=args.no_progress,
                dynamic_ncols=True)
 
-    def on_done(config: dict[str, Any], result: dict[str, Any]) -> None:
-        results[config_key(config)] = result
+    def on_done(config: PlanConfig, result: dict[str, Any]) -> None:
+        results[config.key] = result
         if args.results:
             append_result(args.results, plan_id, config, result)
         bar.update(1)
@@ -124,9 +123,9 @@ def plan(args: Any) -> int:
                   ray_address=args.ray)
     finally:
         bar.close()
-    rows = rank([(c, results[config_key(c)]) for c in configs], prices)
+    rows = rank([(c, results[c.key]) for c in configs], prices)
     if args.json:
-        print(json.dumps(rows, default=str))
+        print(json.dumps([{**r, "config": r["config"].to_dict()} for r in rows], default=str))
     else:
         print(format_table(rows, swept))
         print(recommend(rows, offered_rate, swept))
@@ -135,8 +134,8 @@ def plan(args: Any) -> int:
     if args.plots:
         from sim.plan_plots import write_plan_plots
 
-        models = sorted({str(c["model"]) for c in configs})
-        hardware = sorted({str(c["hardware"]) for c in configs})
+        models = sorted({str(c.model) for c in configs})
+        hardware = sorted({str(c.hardware) for c in configs})
         title = (f"{os.path.basename(args.workload)} · {','.join(models)} on {','.join(hardware)} · roofline · "
                  f"SLOs {', '.join(s.label for s in slos)}")
         paths = write_plan_plots(rows, results, slos, swept, args.plots, title)

@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Any
 
 from sim.report import SLO
-from sim.sweep import config_key, config_label
 
 MAX_CURVES = 12
 
@@ -27,10 +26,10 @@ def write_plan_plots(rows: list[dict[str, Any]], results: dict[str, dict[str, An
     fig, axes = plt.subplots(1, len(slos), figsize=(6 * len(slos), 4), squeeze=False)
     for ax, slo in zip(axes[0], slos):
         for row in rows[:MAX_CURVES]:
-            points = [p for p in results[config_key(row["config"])].get("points", []) if slo.label in p]
+            points = [p for p in results[row["config"].key].get("points", []) if slo.label in p]
             if points:
                 ax.plot([p["rate"] for p in points], [min(p[slo.label], 1e6) * 1e3 for p in points], marker=".",
-                        label=config_label(row["config"], swept))
+                        label=row["config"].label(swept))
         ax.axhline(slo.threshold_s * 1e3, color="k", ls="--", lw=0.8)
         ax.set(title=slo.label, xlabel="offered rate (req/s)", ylabel="ms", xscale="log", yscale="log")
         ax.grid(alpha=0.3)
@@ -88,7 +87,7 @@ def _pareto(rows: list[dict[str, Any]], swept: list[str], out: Path, title: str,
         mid = (min(p[0] for p in pts) + max(p[0] for p in pts)) / 2
         for i in front:
             right = pts[i][0] > mid
-            ax.annotate(config_label(usable[i]["config"], swept), pts[i], fontsize=6, xytext=(-3 if right else 3, 3),
+            ax.annotate(usable[i]["config"].label(swept), pts[i], fontsize=6, xytext=(-3 if right else 3, 3),
                         textcoords="offset points", ha="right" if right else "left")
         ax.legend(fontsize=7)
     else:

@@ -20,15 +20,12 @@ from collections.abc import Callable
 
 import numpy as np
 
+from sim.plan_config import PlanConfig
 from sim.report import SLO, parse_slo
 from sim.sources import SimRequest
 
-DEFAULT_MODEL = "llama-3.1-8b"
-DEFAULT_HARDWARE = "h100"
-DEFAULT_MAX_MODEL_LEN = 32768
 
-
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class PlanSpec:
     """What every configuration of one plan shares (plain data: it travels to worker processes)."""
 
@@ -58,7 +55,8 @@ def base_requests(workload: str, max_requests: int | None, length_scale: float |
     w = load_workload(workload)
     if length_scale is not None:
         w = w.scaled(length_factor=length_scale)
-    reqs = tuple(SimRequest(r.request_id, r.arrival, r.prompt_token_ids, r.max_tokens, r.arrival)
+    reqs = tuple(SimRequest(request_id=r.request_id, arrival=r.arrival, prompt_token_ids=r.prompt_token_ids,
+                            max_tokens=r.max_tokens, add_time=r.arrival)
                  for r in w.requests(vocab_size=vocab_size, limit=max_requests))
     if len(reqs) < 2 or reqs[-1].arrival <= reqs[0].arrival:
         raise ValueError(f"{workload}: needs at least two requests at different times to define a rate")
@@ -135,20 +133,16 @@ def search_max_rate(meets: Callable[[float], bool], start: float, tol: float,
             hi = mid
 
 
-def build_cluster_parts(config: dict[str, Any]) -> tuple[Any, Any, Any]:
+def build_cluster_parts(config: PlanConfig) -> tuple[Any, Any, Any]:
     """(SchedulerConfig, CacheConfig, cost model) of a configuration; KV blocks from the roofline model."""
-    from engine.core.config import CacheConfig, SchedulerConfig
     from sim.cost_models.roofline import RooflineCostModel
 
-    cost = RooflineCostModel.from_args(model=config["model"], hardware=config["hardware"])
-    sched = SchedulerConfig(**{k: config[k] for k in ("max_model_len", "max_num_seqs", "max_num_batched_tokens",
-                                                      "enable_chunked_prefill", "long_prefill_token_threshold",
-                                                      "policy") if config.get(k) is not None})
-    util = config.get("gpu_memory_utilization") or 0.9
-    blocks = config.get("num_gpu_blocks") or cost.num_gpu_blocks(config["block_size"], util,
-                                                                   sched.max_num_batched_tokens)
-    cache = CacheConfig(block_size=config["block_size"], num_gpu_blocks=blocks, gpu_memory_utilization=util,
-                        enable_prefix_caching=config.get("enable_prefix_caching") is not False)
+    cost = RooflineCostModel.from_args(model=config.model, hardware=config.hardware)
+    sched = config.scheduler_config()
+    cache = config.cache_config(num_gpu_blocks=2)
+    if config.num_gpu_blocks is None:
+        blocks = cost.num_gpu_blocks(cache.block_size, cache.gpu_memory_utilization, sched.max_num_batched_tokens)
+        cache = config.cache_config(num_gpu_blocks=blocks)
     return sched, cache, cost
 
 
@@ -202,7 +196,7 @@ def residual_table(profile: str) -> dict[str, Any]:
     return table
 
 
-def run_at_rate(spec: PlanSpec, config: dict[str, Any], rate: float, trace_dir: str | None = None,
+def run_at_rate(spec: PlanSpec, config: PlanConfig, rate: float, trace_dir: str | None = None,
                 watch: Callable[[Any], bool] | None = None, residual_seed: int | None = None) -> Any:
     """The cluster's requests table with the workload's arrivals scaled to `rate` requests/s (`watch` may
     stop the run early, see `Cluster.run`); with `residual_seed`, step times carry one seeded draw of the
@@ -216,14 +210,15 @@ def run_at_rate(spec: PlanSpec, config: dict[str, Any], rate: float, trace_dir: 
         from sim.cost_models.residuals import ResidualScaled
 
         cost = ResidualScaled(cost, residual_table(spec.residual_profile), residual_seed)
-    cluster = Cluster(config["replicas"], sched, cache, cost, config["router"], trace_dir=trace_dir,
-                      meta={"plan": {"config": config, "rate": rate}}, seed=spec.seed, vocab_size=spec.vocab_size)
-    stream = (SimRequest(r.request_id, r.arrival * scale, r.prompt_token_ids, r.max_tokens, r.add_time * scale)
-              for r in reqs)
+    cluster = Cluster(config.replicas, sched, cache, cost, config.router, trace_dir=trace_dir,
+                      meta={"plan": {"config": config.to_dict(), "rate": rate}}, seed=spec.seed,
+                      vocab_size=spec.vocab_size)
+    stream = (SimRequest(request_id=r.request_id, arrival=r.arrival * scale, prompt_token_ids=r.prompt_token_ids,
+                         max_tokens=r.max_tokens, add_time=r.add_time * scale) for r in reqs)
     return cluster.run(stream, watch).requests
 
 
-def evaluate_config(spec: PlanSpec, config: dict[str, Any]) -> dict[str, Any]:
+def evaluate_config(spec: PlanSpec, config: PlanConfig) -> dict[str, Any]:
     """Max rate within the SLOs for one configuration, with every simulated point (for plots)."""
     from sim.loop import SimulationError
     from traces.summary import rejections
@@ -266,7 +261,7 @@ def evaluate_config(spec: PlanSpec, config: dict[str, Any]) -> dict[str, Any]:
             "points": [points[r] for r in sorted(points)]}
 
 
-def sampled_max_rates(spec: PlanSpec, config: dict[str, Any], nominal: float, slos: list[SLO],
+def sampled_max_rates(spec: PlanSpec, config: PlanConfig, nominal: float, slos: list[SLO],
                       num_requests: int) -> dict[str, Any]:
     """The max rate again under `spec.samples` seeded draws of the measured step-time scatter, each search
     started at the nominal answer (a few simulations each): median and p5-p95 of the max rate."""

@@ -5,14 +5,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from sim.sweep import config_key, config_label
+from sim.plan_config import PlanConfig
 
 RANKING = {True: "ranked by $ per million output tokens at each configuration's max rate (cheapest first), "
                  "then by max rate per replica",
            False: "ranked by max rate per replica (highest first); --price HW=$/h ranks by cost"}
 
 
-def rank(results: list[tuple[dict[str, Any], dict[str, Any]]],
+def rank(results: list[tuple[PlanConfig, dict[str, Any]]],
          prices: dict[str, float]) -> list[dict[str, Any]]:
     """Rows sorted cheapest first (unpriced after priced, then by rate per replica); cost per million
     output tokens = price/GPU-h x replicas / (rate x mean output tokens x 3600 s) x 1e6."""
@@ -20,16 +20,17 @@ def rank(results: list[tuple[dict[str, Any], dict[str, Any]]],
     for config, res in results:
         rate = res["max_rate"]
         tok_s = rate * res.get("mean_output_tokens", 0.0)
-        price = prices.get(str(config["hardware"]).lower())
-        cost = price * config["replicas"] / (tok_s * 3600) * 1e6 if price is not None and tok_s > 0 else None
+        price = prices.get(str(config.hardware).lower())
+        cost = price * config.replicas / (tok_s * 3600) * 1e6 if price is not None and tok_s > 0 else None
         rows.append({"config": config, "max_rate": rate, "capped": res.get("capped", False),
                      "goodput_req_s": rate * res.get("attainment", 0.0), "output_tok_s": tok_s,
-                     "output_tok_s_per_replica": tok_s / config["replicas"],
+                     "output_tok_s_per_replica": tok_s / config.replicas,
                      "user_tok_s": res.get("user_tok_s"), "usd_per_hour": None if price is None
-                     else price * config["replicas"], "usd_per_m_output_tokens": cost, "note": res.get("note"),
-                     "rejected": res.get("rejected") or {}, "max_rate_interval": res.get("max_rate_interval"), "same_as": None, "_fingerprint": _fingerprint(res)})
+                     else price * config.replicas, "usd_per_m_output_tokens": cost, "note": res.get("note"),
+                     "rejected": res.get("rejected") or {}, "max_rate_interval": res.get("max_rate_interval"),
+                     "same_as": None, "_fingerprint": _fingerprint(res)})
     rows.sort(key=lambda r: (r["usd_per_m_output_tokens"] is None, r["usd_per_m_output_tokens"] or 0.0,
-                             -r["max_rate"] / r["config"]["replicas"], config_key(r["config"])))
+                             -r["max_rate"] / r["config"].replicas, r["config"].key))
     first: dict[str, int] = {}
     for i, row in enumerate(rows, 1):
         fp = row.pop("_fingerprint")
@@ -49,7 +50,7 @@ def _fingerprint(res: dict[str, Any]) -> str | None:
 
 
 def format_table(rows: list[dict[str, Any]], swept: list[str]) -> str:
-    labels = [config_label(r["config"], swept) for r in rows]
+    labels = [r["config"].label(swept) for r in rows]
     priced = any(r["usd_per_m_output_tokens"] is not None for r in rows)
     width = max([len("configuration"), *map(len, labels)])
     head = f"{'#':>3}  {'configuration':<{width}}  {'max rate':>9}  {'tok/s/replica':>13}  {'tok/s/user':>10}"
@@ -99,14 +100,14 @@ def recommend(rows: list[dict[str, Any]], offered_rate: float, swept: list[str])
     if not meeting:
         best = max(rows, key=lambda r: r["max_rate"], default=None)
         tail = "" if best is None else (f"; the highest max rate is {best['max_rate']:.3f} req/s "
-                                         f"({config_label(best['config'], swept)})")
+                                         f"({best['config'].label(swept)})")
         return f"recommendation: none meets every SLO at the offered {offered_rate:.3f} req/s{tail}"
     if any(r["usd_per_hour"] is not None for r in meeting):
         pick = min((r for r in meeting if r["usd_per_hour"] is not None),
                    key=lambda r: (r["usd_per_hour"], -r["max_rate"]))
         why = f"cheapest that meets every SLO at the offered {offered_rate:.3f} req/s (${pick['usd_per_hour']:.2f}/h)"
     else:
-        pick = max(meeting, key=lambda r: (r["max_rate"] / r["config"]["replicas"], -r["config"]["replicas"]))
+        pick = max(meeting, key=lambda r: (r["max_rate"] / r["config"].replicas, -r["config"].replicas))
         why = f"highest max rate per replica among those meeting every SLO at the offered {offered_rate:.3f} req/s"
     headroom = pick["max_rate"] / offered_rate
-    return f"recommendation: {config_label(pick['config'], swept)} — {why}; headroom {headroom:.1f}x"
+    return f"recommendation: {pick['config'].label(swept)} — {why}; headroom {headroom:.1f}x"

@@ -19,7 +19,7 @@ from engine.core.sampling_params import SamplingParams
 DEFAULT_VOCAB_SIZE = 32000
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class SimRequest:
     """One request as the simulator adds it.
 
@@ -39,7 +39,7 @@ class SimRequest:
     stop_at_end: bool = False
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class Source:
     """A request stream plus what the source knows about the run: the scheduler/cache config of an
     engine trace, the workload for meta.json, and finishes that came from outside the scheduler."""
@@ -70,10 +70,11 @@ def workload_source(path: Path, vocab_size: int, limit: int | None = None, time_
     from workloads import load_workload
 
     workload = load_workload(path)
-    stream = (SimRequest(r.request_id, r.arrival, r.prompt_token_ids, r.max_tokens, r.arrival)
+    stream = (SimRequest(request_id=r.request_id, arrival=r.arrival, prompt_token_ids=r.prompt_token_ids,
+                         max_tokens=r.max_tokens, add_time=r.arrival)
               for r in workload.requests(vocab_size=vocab_size, limit=limit, time_scale=time_scale))
     meta = {**workload.to_dict(), "time_scale": time_scale, "max_requests": limit, "vocab_size": vocab_size}
-    return Source("workload", path, stream, workload.count(limit), meta)
+    return Source(kind="workload", path=path, requests=stream, num_requests=workload.count(limit), meta=meta)
 
 
 def _natural(rid: str) -> tuple:
@@ -103,16 +104,19 @@ def trace_source(path: Path, limit: int | None = None, time_scale: float = 1.0,
         out = [int(t) for t in output] if output is not None else []
         mt = _num(max_tokens)
         prompt = [int(t) for t in prompt] if prompt is not None else []
-        rows.append(SimRequest(str(rid), arrival, prompt, int(mt) if mt else None, add,
-                               int(_num(priority) or 0), out, reason == "stop" and bool(out)))
+        rows.append(SimRequest(request_id=str(rid), arrival=arrival, prompt_token_ids=prompt,
+                               max_tokens=int(mt) if mt else None, add_time=add, priority=int(_num(priority) or 0),
+                               output_token_ids=out, stop_at_end=reason == "stop" and bool(out)))
     rows.sort(key=lambda r: (r.add_time, r.arrival, _natural(r.request_id)))
     if limit is not None:
         rows = rows[:limit]
     config = trace.meta.get("config", {})
-    src = Source("trace", path, iter(rows), len(rows), {"source_trace": str(path), "time_scale": time_scale,
-                                                        "max_requests": limit, "workload": trace.meta.get("workload")},
-                 dict(config.get("scheduler") or {}), dict(config.get("cache") or {}),
-                 dict(config.get("model") or {}), _external_finishes(trace, {r.request_id for r in rows}), trace)
+    src = Source(kind="trace", path=path, requests=iter(rows), num_requests=len(rows),
+                 meta={"source_trace": str(path), "time_scale": time_scale, "max_requests": limit,
+                       "workload": trace.meta.get("workload")},
+                 scheduler=dict(config.get("scheduler") or {}), cache=dict(config.get("cache") or {}),
+                 model=dict(config.get("model") or {}),
+                 external_finishes=_external_finishes(trace, {r.request_id for r in rows}), trace=trace)
     # A stop that the frontend found (stop string) is replayed as an external finish, not as a token stop.
     external = {rid for items in src.external_finishes.values() for rid, _ in items}
     for r in rows:

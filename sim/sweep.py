@@ -2,11 +2,12 @@
 (concurrent.futures) or on a Ray cluster — with every finished configuration appended to a JSON-lines
 results file, so an interrupted sweep resumes where it stopped.
 
-A task is `fn(spec, config) -> result dict`, deterministic, so the backend changes nothing but the wall
+A task is `fn(spec, config: PlanConfig) -> result dict`, deterministic, so the backend changes nothing but the wall
 time; results arrive in completion order and callers sort them.
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import re
@@ -14,16 +15,14 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-_INT_KEYS = ("replicas", "max_num_seqs", "max_num_batched_tokens", "block_size", "max_model_len",
-             "long_prefill_token_threshold", "num_gpu_blocks")
-_BOOL_KEYS = ("enable_prefix_caching", "enable_chunked_prefill")
-_STR_KEYS = ("router", "hardware", "model", "policy")
-SWEEP_KEYS = _INT_KEYS + _BOOL_KEYS + _STR_KEYS + ("gpu_memory_utilization",)
+from sim.plan_config import SWEEP_KEYS, PlanConfig, field_type
+
 _BOOLS = {"true": True, "on": True, "1": True, "yes": True, "false": False, "off": False, "0": False, "no": False}
 
 
 def _value(key: str, text: str) -> list[Any]:
-    if key in _INT_KEYS:
+    kind = field_type(key)
+    if kind is int:
         m = re.fullmatch(r"(\d+)\.\.(\d+)", text)
         if m:
             lo, hi = int(m[1]), int(m[2])
@@ -33,11 +32,11 @@ def _value(key: str, text: str) -> list[Any]:
         if not text.isdigit():
             raise ValueError(f"--sweep: {key} takes integers or LO..HI, got {text!r}")
         return [int(text)]
-    if key in _BOOL_KEYS:
+    if kind is bool:
         if text.lower() not in _BOOLS:
             raise ValueError(f"--sweep: {key} takes true/false, got {text!r}")
         return [_BOOLS[text.lower()]]
-    if key == "gpu_memory_utilization":
+    if kind is float:
         try:
             return [float(text)]
         except ValueError:
@@ -80,37 +79,26 @@ def parse_price(text: str) -> dict[str, float]:
     return out
 
 
-def expand_configs(sweep: dict[str, list[Any]], defaults: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every combination of the swept values over the defaults, in a fixed order."""
+def expand_configs(sweep: dict[str, list[Any]], base: PlanConfig) -> list[PlanConfig]:
+    """Every combination of the swept values over `base`, in a fixed order."""
     keys = sorted(sweep)
-    return [{**defaults, **dict(zip(keys, combo))} for combo in itertools.product(*(sweep[k] for k in keys))]
+    return [dataclasses.replace(base, **dict(zip(keys, combo))) for combo in itertools.product(*(sweep[k] for k in keys))]
 
 
-def config_key(config: dict[str, Any]) -> str:
-    return json.dumps(config, sort_keys=True)
-
-
-def config_label(config: dict[str, Any], swept: list[str]) -> str:
-    return " ".join(f"{k}={config[k]}" for k in swept) or "default"
-
-
-def validate_config(config: dict[str, Any]) -> None:
+def validate_config(config: PlanConfig) -> None:
     """Bad names and out-of-range flags as one-line ValueErrors, before any simulation starts."""
-    from engine.core.config import CacheConfig, SchedulerConfig
     from sim.cost_models.hardware import get_hardware
     from sim.cost_models.roofline import model_shape
     from sim.routers import make_router
 
-    get_hardware(str(config["hardware"]))
-    model_shape(config["model"])
-    make_router(config["router"])
-    if config["replicas"] < 1:
-        raise ValueError(f"replicas: must be >= 1, got {config['replicas']}")
-    build = {k: config[k] for k in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill",
-                                    "long_prefill_token_threshold", "policy") if config.get(k) is not None}
-    SchedulerConfig(**build)
-    CacheConfig(block_size=config["block_size"], num_gpu_blocks=config.get("num_gpu_blocks") or 2,
-                gpu_memory_utilization=config.get("gpu_memory_utilization") or 0.9)
+    get_hardware(str(config.hardware))
+    model_shape(config.model)
+    make_router(config.router)
+    if config.replicas < 1:
+        raise ValueError(f"replicas: must be >= 1, got {config.replicas}")
+    config.scheduler_config()
+    config.cache_config(num_gpu_blocks=2)
+
 
 def load_results(path: str | Path, plan_id: str) -> dict[str, dict[str, Any]]:
     """config key -> result of the configurations this plan already finished; lines of another plan and a
@@ -129,10 +117,10 @@ def load_results(path: str | Path, plan_id: str) -> dict[str, dict[str, Any]]:
     return done
 
 
-def append_result(path: str | Path, plan_id: str, config: dict[str, Any], result: dict[str, Any]) -> None:
+def append_result(path: str | Path, plan_id: str, config: PlanConfig, result: dict[str, Any]) -> None:
     """One JSON line per finished configuration, flushed at once (after a newline if a killed sweep left
     a torn last line)."""
-    line = json.dumps({"plan": plan_id, "key": config_key(config), "config": config, "result": result}) + "\n"
+    line = json.dumps({"plan": plan_id, "key": config.key, "config": config.to_dict(), "result": result}) + "\n"
     with open(path, "a+b") as f:
         if f.tell():
             f.seek(-1, 2)
@@ -142,11 +130,11 @@ def append_result(path: str | Path, plan_id: str, config: dict[str, Any], result
         f.flush()
 
 
-Task = Callable[[Any, dict[str, Any]], dict[str, Any]]
-Done = Callable[[dict[str, Any], dict[str, Any]], None]
+Task = Callable[[Any, PlanConfig], dict[str, Any]]
+Done = Callable[[PlanConfig, dict[str, Any]], None]
 
 
-def run_local(fn: Task, spec: Any, configs: list[dict[str, Any]], jobs: int, on_done: Done) -> None:
+def run_local(fn: Task, spec: Any, configs: list[PlanConfig], jobs: int, on_done: Done) -> None:
     """`jobs` worker processes (inline when 1): each keeps its own cache of the workload's requests."""
     if jobs <= 1 or len(configs) <= 1:
         for config in configs:
@@ -165,7 +153,7 @@ def run_local(fn: Task, spec: Any, configs: list[dict[str, Any]], jobs: int, on_
             raise
 
 
-def run_ray(fn: Task, spec: Any, configs: list[dict[str, Any]], address: str, on_done: Done,
+def run_ray(fn: Task, spec: Any, configs: list[PlanConfig], address: str, on_done: Done,
             num_cpus: int | None = None) -> None:
     """One Ray task per configuration; `address` 'auto' joins a running cluster or starts a local one."""
     try:
@@ -189,7 +177,7 @@ def run_ray(fn: Task, spec: Any, configs: list[dict[str, Any]], address: str, on
             ray.shutdown()
 
 
-def run_sweep(fn: Task, spec: Any, configs: Iterable[dict[str, Any]], on_done: Done, jobs: int = 1,
+def run_sweep(fn: Task, spec: Any, configs: Iterable[PlanConfig], on_done: Done, jobs: int = 1,
               ray_address: str | None = None, ray_num_cpus: int | None = None) -> None:
     configs = list(configs)
     if not configs:

@@ -35,7 +35,8 @@ def _configs(blocks: int = 400, max_num_seqs: int = 16) -> tuple[SchedulerConfig
 
 
 def _req(i: int, arrival: float, prompt: int = 32, out: int = 4) -> SimRequest:
-    return SimRequest(f"r{i}", arrival, [3 + (i * 7 + k) % 500 for k in range(prompt)], out, arrival)
+    return SimRequest(request_id=f"r{i}", arrival=arrival, prompt_token_ids=[3 + (i * 7 + k) % 500 for k in range(prompt)],
+                      max_tokens=out, add_time=arrival)
 
 
 def _replicas(result) -> list[int]:

@@ -45,4 +45,4 @@ def test_cli_max_model_len_too_long_is_one_line_exit_2(capsys):
 def test_cli_bad_hf_overrides_is_one_line_exit_2(capsys, text, what):
     assert main(["generate", "--device", "cpu", "--hf-overrides", text, "hi"]) == 2
     err = capsys.readouterr().err.strip()
-    assert "\n" not in err and err.startswith("engine generate: error: hf_overrides:") and what in err
+    assert "\n" not in err and err.startswith("engine generate: error: --hf-overrides:") and what in err

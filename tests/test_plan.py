@@ -1,12 +1,13 @@
 """Capacity planning: the rate search brackets the SLO boundary, sweeps give one table whichever backend
 ran them, an interrupted sweep resumes, bad input is one line and exit 2."""
+import dataclasses
 import json
 
 import pytest
 
 from sim import plan as plan_mod
 from sim.cli import main
-from sim.plan import PlanSpec, evaluate_config, format_table, rank, recommend, run_at_rate, search_max_rate, slo_check
+from sim.plan import PlanConfig, PlanSpec, evaluate_config, format_table, rank, recommend, run_at_rate, search_max_rate, slo_check
 from sim.plan_plots import pareto_front
 from sim.report import parse_slo
 from sim.sweep import parse_price, parse_sweep
@@ -14,8 +15,8 @@ from workloads import DEFAULT_WORKLOAD
 
 BURSTY = str(DEFAULT_WORKLOAD)
 SLO = "ttft_p99=500ms,tpot_p99=10ms"
-CONFIG = {"replicas": 1, "router": "least_outstanding", "hardware": "h100", "model": "llama-3.1-8b",
-          "max_model_len": 8192, "block_size": 16, "max_num_seqs": 32}
+CONFIG = PlanConfig(replicas=1, router="least_outstanding", hardware="h100", model="llama-3.1-8b",
+                    max_model_len=8192, block_size=16, max_num_seqs=32)
 PLAN_ARGS = [BURSTY, "--slo", SLO, "--sweep", "replicas=1..2,max_num_seqs=16,32", "--max-requests", "40",
              "--rate-tol", "0.1", "--max-model-len", "8192", "--price", "h100=2.5/h", "--no-progress"]
 
@@ -26,7 +27,7 @@ def _table(capsys, argv: list[str]) -> str:
 
 
 def test_rate_search_brackets_the_slo_boundary_within_the_tolerance():
-    spec = PlanSpec(BURSTY, SLO, rate_tol=0.1, max_requests=60)
+    spec = PlanSpec(workload=BURSTY, slo=SLO, rate_tol=0.1, max_requests=60)
     result = evaluate_config(spec, CONFIG)
     rate, slos = result["max_rate"], parse_slo(SLO)
     assert rate > 0 and not result["capped"]
@@ -56,7 +57,7 @@ def test_sweep_syntax_takes_ranges_and_value_lists():
 
 
 def test_cost_per_million_output_tokens_counts_every_replica():
-    rows = rank([({**CONFIG, "replicas": 2}, {"max_rate": 1.0, "mean_output_tokens": 100.0, "attainment": 1.0})],
+    rows = rank([(dataclasses.replace(CONFIG, replicas=2), {"max_rate": 1.0, "mean_output_tokens": 100.0, "attainment": 1.0})],
                 {"h100": 3.6})
     # 2 GPUs x $3.6/h for 1 req/s x 100 tokens x 3600 s = 0.36 M tokens per hour.
     assert rows[0]["usd_per_m_output_tokens"] == pytest.approx(20.0)
@@ -115,7 +116,7 @@ def test_resume_runs_only_the_missing_configurations(tmp_path, capsys, monkeypat
     monkeypatch.setattr(plan_mod, "evaluate_config", lambda spec, config: ran.append(config) or real(spec, config))
     resumed = _table(capsys, [*PLAN_ARGS, "--jobs", "1", "--results", str(partial)])
     done_before = {json.loads(line)["key"] for line in lines[:2]}
-    assert len(ran) == 2 and not {json.dumps(c, sort_keys=True) for c in ran} & done_before
+    assert len(ran) == 2 and not {c.key for c in ran} & done_before
     assert resumed.split("\n")[:-1] == expected.split("\n")[:-1]  # the last line says where results came from
 
 
@@ -125,26 +126,26 @@ def _result(rate: float, user_tok_s: float = 50.0) -> dict:
 
 
 def test_recommendation_is_the_cheapest_configuration_meeting_the_offered_rate():
-    rows = rank([({**CONFIG, "replicas": 1}, _result(0.8)), ({**CONFIG, "replicas": 2}, _result(1.6)),
-                 ({**CONFIG, "replicas": 3}, _result(2.4))], {"h100": 2.0})
+    rows = rank([(dataclasses.replace(CONFIG, replicas=1), _result(0.8)), (dataclasses.replace(CONFIG, replicas=2), _result(1.6)),
+                 (dataclasses.replace(CONFIG, replicas=3), _result(2.4))], {"h100": 2.0})
     line = recommend(rows, offered_rate=1.0, swept=["replicas"])
     assert line.startswith("recommendation: replicas=2 ") and "$4.00/h" in line
 
 
 def test_recommendation_without_prices_is_the_best_rate_per_replica():
-    rows = rank([({**CONFIG, "replicas": 1}, _result(0.5)), ({**CONFIG, "replicas": 2}, _result(1.8)),
-                 ({**CONFIG, "replicas": 4}, _result(3.0))], {})
+    rows = rank([(dataclasses.replace(CONFIG, replicas=1), _result(0.5)), (dataclasses.replace(CONFIG, replicas=2), _result(1.8)),
+                 (dataclasses.replace(CONFIG, replicas=4), _result(3.0))], {})
     assert recommend(rows, offered_rate=1.0, swept=["replicas"]).startswith("recommendation: replicas=2 ")
 
 
 def test_recommendation_says_when_nothing_meets_the_offered_rate():
-    rows = rank([({**CONFIG, "replicas": 1}, _result(0.5))], {})
+    rows = rank([(dataclasses.replace(CONFIG, replicas=1), _result(0.5))], {})
     assert "none meets every SLO at the offered 1.000 req/s" in recommend(rows, 1.0, ["replicas"])
 
 
 def test_configurations_with_identical_results_are_marked():
-    rows = rank([({**CONFIG, "max_num_seqs": 64}, _result(1.0)), ({**CONFIG, "max_num_seqs": 256}, _result(1.0)),
-                 ({**CONFIG, "max_num_seqs": 16}, _result(0.7))], {})
+    rows = rank([(dataclasses.replace(CONFIG, max_num_seqs=64), _result(1.0)), (dataclasses.replace(CONFIG, max_num_seqs=256), _result(1.0)),
+                 (dataclasses.replace(CONFIG, max_num_seqs=16), _result(0.7))], {})
     table = format_table(rows, ["max_num_seqs"])
     assert [r["same_as"] for r in rows] == [None, 1, None]
     assert table.count("(same results as #1)") == 1

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from engine.core.flags import Flag, flags_of, option
+
 POLICIES = ("fcfs", "priority")
 
 
@@ -13,7 +15,8 @@ def _check(cond: bool, field: str, why: str, value: object) -> None:
 
 @dataclass(slots=True)
 class SchedulerConfig:
-    """vLLM's scheduler knobs under vLLM's names; `max_num_batched_tokens` is the per-step token budget.
+    """vLLM's scheduler knobs under vLLM's names and vLLM 0.32's defaults; `max_num_batched_tokens` is
+    the per-step token budget. The `option` fields are the engine's and the simulator's flags.
 
     `scheduler_reserve_full_isl` (vLLM 0.32, on by default; absent before) admits a waiting request only
     when the free blocks hold its whole current sequence, not just its first chunk. `async_scheduling`
@@ -21,14 +24,20 @@ class SchedulerConfig:
     off on CPU) schedules step k+1 before step k's tokens are known.
     """
 
-    max_model_len: int = 4096
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int | None = None
-    enable_chunked_prefill: bool = True
-    long_prefill_token_threshold: int = 0
-    policy: str = "fcfs"
-    scheduler_reserve_full_isl: bool = True
-    async_scheduling: bool = False
+    max_model_len: int = option(4096, "context length (default: the model's)")
+    max_num_seqs: int = option(256, "max requests in one step")
+    max_num_batched_tokens: int | None = option(None, "token budget per step (default: 8192, or max_model_len "
+                                                "without chunked prefill)")
+    enable_chunked_prefill: bool = option(True, "split long prompts over steps")
+    long_prefill_token_threshold: int = option(0, "cap tokens per prefill chunk (0: off)")
+    policy: str = option("fcfs", "order of the waiting queue", flag="--scheduling-policy", choices=POLICIES)
+    # `sim plan` takes neither mode: its cluster replicas run synchronously.
+    scheduler_reserve_full_isl: bool = option(
+        True, "admit a request only when its whole sequence fits in the free KV blocks (vLLM 0.32 default: on)",
+        sim="replay")
+    async_scheduling: bool = option(
+        False, "schedule step k+1 before step k's tokens are known (vLLM 0.32 AsyncScheduler; engine default as "
+        "vLLM: on for cuda, off for cpu)", sim="replay")
 
     def __post_init__(self) -> None:
         if self.max_num_batched_tokens is None:
@@ -54,13 +63,15 @@ class SchedulerConfig:
 class CacheConfig:
     """Paged KV cache shape as the scheduler sees it; block 0 is the null block, so usable = num_gpu_blocks - 1."""
 
-    block_size: int = 16
+    block_size: int = option(16, "tokens per KV block")
     num_gpu_blocks: int | None = None
-    enable_prefix_caching: bool = True
+    enable_prefix_caching: bool = option(True, "reuse KV of shared prefixes")
     watermark: float = 0.0
-    gpu_memory_utilization: float = 0.9
-    num_gpu_blocks_override: int | None = None
-    kv_cache_memory: int | None = None
+    # vLLM 0.32 defaults to 0.92; 0.9 is kept so simulated KV sizes and plan results files stay comparable.
+    gpu_memory_utilization: float = option(0.9, "share of device memory for the engine (the roofline cost "
+                                           "model sizes the simulated KV cache with it)")
+    num_gpu_blocks_override: int | None = option(None, "force the KV block count")
+    kv_cache_memory: int | None = option(None, "KV cache bytes (CPU default 512 MiB)", sim=False)
 
     def __post_init__(self) -> None:
         _check(isinstance(self.block_size, int) and self.block_size >= 1, "block_size", "must be an int >= 1", self.block_size)
@@ -76,3 +87,8 @@ class CacheConfig:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def engine_flags() -> tuple[Flag, ...]:
+    """The scheduler and cache options `engine run` shares with `sim replay` and `sim plan`."""
+    return flags_of(SchedulerConfig) + flags_of(CacheConfig)
