@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from sim.cost_models.hardware import hardware_names
 from sim.flags import OneLineParser, add_engine_flags, config_error, recorded_or_flag
 from sim.plan_config import DEFAULT_HARDWARE, DEFAULT_MODEL
 from traces.recorder import TRACE_LEVELS
@@ -38,9 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="calibrated: also rerun N seeded replays with sampled residuals; metrics as median [p5-p95]")
     r.add_argument("--model", default=None, help=f"model preset for roofline (default: the trace's model, "
                    f"else {DEFAULT_ROOFLINE_MODEL})")
-    r.add_argument("--hardware", default=None, help=f"h100 | h200 | a100 | l4 | ... (default {DEFAULT_HARDWARE})")
-    r.add_argument("--num-gpu-blocks", type=int, default=None, help="KV blocks (default: the trace's, else "
-                   f"what the cost model computes, else {DEFAULT_NUM_GPU_BLOCKS})")
+    r.add_argument("--hardware", default=None, help=f"{' | '.join(hardware_names())} (default {DEFAULT_HARDWARE})")
     r.add_argument("--time-scale", type=float, default=1.0, help="multiply arrival times (0.5: twice as fast)")
     r.add_argument("--max-requests", type=int, default=None, help="stop after this many requests")
     r.add_argument("--vocab-size", type=int, default=32000, help="workloads draw token ids below this")
@@ -92,9 +91,7 @@ def build_configs(args: argparse.Namespace, source: Any, cost_model: Any) -> tup
         sched = SchedulerConfig(**sched_kw)
         cache = CacheConfig(**cache_kw, num_gpu_blocks_override=args.num_gpu_blocks_override)
         block_size, gpu_util = cache.block_size, cache.gpu_memory_utilization
-        if args.num_gpu_blocks is not None:
-            blocks, how = args.num_gpu_blocks, "--num-gpu-blocks"
-        elif args.num_gpu_blocks_override is not None:
+        if args.num_gpu_blocks_override is not None:
             blocks, how = args.num_gpu_blocks_override, "--num-gpu-blocks-override"
         elif cc.get("num_gpu_blocks"):
             # Same KV memory as the traced engine, re-cut if the block size changed.
@@ -119,7 +116,7 @@ def _check_flags(args: argparse.Namespace) -> None:
     if (args.samples or args.step_noise) and (args.cost_model or "") in ("recorded", "roofline", ""):
         raise ValueError("--samples/--step-noise: need a calibrated cost model (--cost-model PROFILE.json), "
                          "the only one with a measured residual distribution")
-    for flag, value, low in (("--max-requests", args.max_requests, 1), ("--num-gpu-blocks", args.num_gpu_blocks, 2),
+    for flag, value, low in (("--max-requests", args.max_requests, 1), ("--num-gpu-blocks-override", args.num_gpu_blocks_override, 2),
                              ("--vocab-size", args.vocab_size, 4)):
         if value is not None and value < low:
             raise ValueError(f"{flag}: must be >= {low}, got {value}")

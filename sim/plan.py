@@ -10,6 +10,7 @@ import sys
 from typing import Any
 
 from sim.flags import OneLineParser, add_engine_flags, config_error, sim_flags
+from sim.cost_models.hardware import HARDWARE
 from sim.plan_config import DEFAULT_HARDWARE, DEFAULT_MODEL, DEFAULT_ROUTER, PlanConfig
 from sim.plan_search import (PlanSpec, base_rate, base_requests, evaluate_config, run_at_rate, search_max_rate,
                              slo_check)
@@ -26,7 +27,8 @@ def _parser() -> Any:
     p.add_argument("workload", metavar="FILE.yaml")
     p.add_argument("--slo", required=True, help="e.g. ttft_p99=2s,tpot_p99=80ms")
     p.add_argument("--sweep", default=None, help="e.g. replicas=1..8,max_num_seqs=64,128,256,router=round_robin")
-    p.add_argument("--hardware", default=None, help=f"comma list (h100,h200,...; default {DEFAULT_HARDWARE})")
+    p.add_argument("--hardware", default=None, help=f"comma list of {', '.join(sorted(HARDWARE))} "
+                   f"(default {DEFAULT_HARDWARE})")
     p.add_argument("--model", default=None, help=f"comma list of roofline model presets (default {DEFAULT_MODEL})")
     p.add_argument("--router", default=None, help=f"comma list of routers (default {DEFAULT_ROUTER})")
     p.add_argument("--replicas", type=int, default=1, help="replicas when not swept")

@@ -35,8 +35,8 @@ class _FixedCost:
 def run(tmp_path_factory):
     path = tmp_path_factory.mktemp("reasons") / "sim"
     shapes = [(0.0, 40, 30)] * 3 + [(0.02, 24, 12)] * 3  # (arrival, prompt tokens, max tokens)
-    reqs = [SimRequest(f"r{i}", t, list(range(1000 + 100 * i, 1000 + 100 * i + n)), m, t)
-            for i, (t, n, m) in enumerate(shapes)]
+    reqs = [SimRequest(request_id=f"r{i}", arrival=t, prompt_token_ids=list(range(1000 + 100 * i, 1000 + 100 * i + n)),
+                       max_tokens=m, add_time=t) for i, (t, n, m) in enumerate(shapes)]
     Simulator(SchedulerConfig(max_model_len=128, max_num_seqs=3, max_num_batched_tokens=64),
               CacheConfig(block_size=8, num_gpu_blocks=22, enable_prefix_caching=False),
               _FixedCost(), path, {}).run(reqs)
