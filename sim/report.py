@@ -62,25 +62,36 @@ def token_times(decisions: pd.DataFrame, steps: pd.DataFrame) -> tuple[np.ndarra
 
     A request emits a token in a step that computes its last known token: every decode row, and a
     prefill row that completes the prompt (the next row of that request is a decode, or it finishes in
-    that step). The time is the step's end, when the token is out."""
+    that step). The time is the step's end, when the token is out. Arrays are 32-bit and the finish
+    lookup touches only each request's last row: a long replay has tens of millions of rows."""
     event = decisions["event"]
     is_sched = (event == "schedule").to_numpy(dtype=bool)
     if not is_sched.any():
-        return np.empty(0, dtype=np.int64), np.empty(0)
-    codes, _ = pd.factorize(decisions["request_id"])
+        return np.empty(0, dtype=np.int32), np.empty(0)
+    rid = decisions["request_id"]
+    codes = (rid.cat.codes.to_numpy() if isinstance(rid.dtype, pd.CategoricalDtype)
+             else pd.factorize(rid)[0]).astype(np.int32, copy=False)
     is_fin = (event == "finish").to_numpy(dtype=bool)
-    step_all = decisions["step"].to_numpy(dtype=np.int64)
+    step_all = decisions["step"].to_numpy().astype(np.int32, copy=False)
+    fin_keys = codes[is_fin].astype(np.int64) << 32 | step_all[is_fin]
     code, step = codes[is_sched], step_all[is_sched]
     decode = (decisions["phase"] == "decode").to_numpy(dtype=bool)[is_sched]
+    del codes, step_all, is_fin, is_sched
     # Rows are written in step order; a stable sort by request then keeps each request's steps in order.
     order = np.argsort(code, kind="stable") if (np.diff(step) >= 0).all() else np.lexsort((step, code))
     code, step, decode = code[order], step[order], decode[order]
+    del order
     same_next = np.r_[code[1:] == code[:-1], False]
-    width = int(step_all.max()) + 1
-    finished_here = np.isin(code * width + step, codes[is_fin] * width + step_all[is_fin])
-    emit = decode | (np.r_[decode[1:], False] & same_next) | (~same_next & ~decode & finished_here)
-    ends = pd.Series(steps["end"].to_numpy(dtype=float), index=steps["step"].to_numpy(dtype=np.int64))
-    times = ends.reindex(step[emit]).to_numpy()
+    emit = decode | (np.r_[decode[1:], False] & same_next)
+    last = np.flatnonzero(~same_next & ~decode)
+    emit[last] = np.isin(code[last].astype(np.int64) << 32 | step[last], fin_keys)
+    step_no = steps["step"].to_numpy(dtype=np.int64)
+    end = steps["end"].to_numpy(dtype=float)
+    order = np.argsort(step_no, kind="stable")
+    emitted = step[emit]
+    pos = np.searchsorted(step_no[order], emitted)
+    found = (pos < len(order)) & (step_no[order][np.minimum(pos, len(order) - 1)] == emitted)
+    times = np.where(found, end[order][np.minimum(pos, len(order) - 1)], np.nan)
     return code[emit], times
 
 

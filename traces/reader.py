@@ -109,7 +109,8 @@ def _read_parquet(path: Path, table: str, columns: Sequence[str] | None, arrow_l
     pf = pq.ParquetFile(path, read_dictionary=[c for c in categories if c in names])
     wanted = None if columns is None else [c for c in names if c in set(columns)]
     tbl = pf.read(columns=wanted)
-    return tbl.to_pandas(types_mapper=_arrow_lists if arrow_lists else None)
+    # self_destruct frees each Arrow column as it converts: on a long trace the peak is one copy, not two.
+    return tbl.to_pandas(types_mapper=_arrow_lists if arrow_lists else None, self_destruct=True, split_blocks=True)
 
 
 def _read_table(root: Path, table: str, columns: Sequence[str] | None, arrow_lists: bool,
