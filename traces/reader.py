@@ -110,7 +110,7 @@ def _read_parquet(path: Path, table: str, columns: Sequence[str] | None, arrow_l
     wanted = None if columns is None else [c for c in names if c in set(columns)]
     tbl = pf.read(columns=wanted)
     # self_destruct frees each Arrow column as it converts: on a long trace the peak is one copy, not two.
-    return tbl.to_pandas(types_mapper=_arrow_lists if arrow_lists else None, self_destruct=True, split_blocks=True)
+    return tbl.to_pandas(types_mapper=_arrow_lists if arrow_lists else None, self_destruct=True)
 
 
 def _read_table(root: Path, table: str, columns: Sequence[str] | None, arrow_lists: bool,
