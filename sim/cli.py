@@ -8,7 +8,6 @@ what is wrong and exit status 2, never a traceback.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -62,15 +61,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _json(obj: Any) -> str:
-    """Strict JSON: NaN (a metric with no samples) becomes null."""
-    def clean(v: Any) -> Any:
-        if isinstance(v, float) and v != v:
-            return None
-        if isinstance(v, dict):
-            return {k: clean(x) for k, x in v.items()}
-        return [clean(x) for x in v] if isinstance(v, (list, tuple)) else v
+    """Strict JSON: orjson writes NaN and infinity (a metric with no samples) as null; numpy values too."""
+    import orjson
 
-    return json.dumps(clean(obj), default=str, allow_nan=False)
+    return orjson.dumps(obj, default=str, option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS).decode()
 
 
 def build_configs(args: argparse.Namespace, source: Any, cost_model: Any) -> tuple[Any, Any, str]:
