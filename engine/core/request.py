@@ -124,3 +124,23 @@ class Request:
     def __repr__(self) -> str:
         return (f"Request({self.request_id!r}, {self.status.name}, prompt={self.num_prompt_tokens}, "
                 f"out={self.num_output_tokens}, computed={self.num_computed_tokens})")
+
+
+def check_stop(req: Request, max_model_len: int) -> bool:
+    """vLLM 0.32's order: EOS, then stop token ids, then length. EOS and stop ids count only after
+    min_tokens (vLLM's sampler masks them until then; our simulator feeds recorded tokens)."""
+    num_outputs = len(req.output_token_ids)
+    params = req.sampling_params
+    if num_outputs >= params.min_tokens:
+        last = req.output_token_ids[-1]
+        if not params.ignore_eos and last == req.eos_token_id:
+            req.status = RequestStatus.FINISHED_STOPPED
+            return True
+        if last in params.stop_token_ids:
+            req.status = RequestStatus.FINISHED_STOPPED
+            req.stop_reason = last
+            return True
+    if len(req.all_token_ids) >= max_model_len or num_outputs >= req.max_tokens:
+        req.status = RequestStatus.FINISHED_LENGTH_CAPPED
+        return True
+    return False

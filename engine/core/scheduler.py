@@ -18,13 +18,12 @@ from engine.core.block_pool import KVCacheBlock
 from engine.core.config import CacheConfig, SchedulerConfig
 from engine.core.kv_cache_manager import KVCacheManager
 from engine.core.outputs import EngineCoreOutput, EngineCoreOutputs, ModelRunnerOutput, SchedulerStats
-from engine.core.request import Request, RequestStatus
+from engine.core.request import Request, RequestStatus, check_stop
 from engine.core.request_queue import create_request_queue
-from engine.core.sched_output import CachedRequestData, NewRequestData, SchedulerOutput
+from engine.core.sched_output import SchedulerOutput, make_scheduler_output
 
 # Shared by every request that gains no block in a step; readers never mutate new_block_ids entries,
 # and one list instead of one per decode keeps the garbage collector's young generation small.
-_NO_BLOCK_IDS: list[int] = []
 
 
 class Scheduler:
@@ -220,8 +219,9 @@ class Scheduler:
             if skipped:
                 waiting.prepend_requests(skipped)
 
-        out = self._make_output(scheduled_new, scheduled_resumed, scheduled_running, new_blocks_of,
-                                num_scheduled, preempted, preempted_block_ids, prefix_hit_tokens)
+        out = make_scheduler_output(self.kv_cache_manager, scheduled_new, scheduled_resumed, scheduled_running,
+                                    new_blocks_of, num_scheduled, preempted, preempted_block_ids, prefix_hit_tokens,
+                                    self._take_finished_req_ids())
         if admission_stop is not None or preempted_for is not None:
             out.admission_stop, out.preempted_for = admission_stop, preempted_for
         self._num_preempted_last_step = len(preempted)
@@ -237,40 +237,10 @@ class Scheduler:
             req.num_in_flight_tokens += n
             req.is_prefill_chunk = computed < len(req.all_token_ids) + req.num_output_placeholders
 
-    def _make_output(self, scheduled_new: list[Request], scheduled_resumed: list[Request],
-                     scheduled_running: list[Request], new_blocks_of: dict[str, list[KVCacheBlock]],
-                     num_scheduled: dict[str, int], preempted: list[Request],
-                     preempted_block_ids: dict[str, list[int]], prefix_hit_tokens: int) -> SchedulerOutput:
-        """Package the step before num_computed_tokens advances, so request data shows the old counts."""
-        kv = self.kv_cache_manager
-        new_reqs = [NewRequestData(r.request_id, r.prompt_token_ids, r.sampling_params,
-                                   kv.get_block_ids(r.request_id), r.num_computed_tokens, r.eos_token_id)
-                    for r in scheduled_new]
-        n = len(scheduled_running)
-        run_ids = [r.request_id for r in scheduled_running]
-        cached = CachedRequestData(
-            run_ids, [False] * n, [None] * n,
-            [[b.block_id for b in new_blocks_of[rid]] if rid in new_blocks_of else _NO_BLOCK_IDS for rid in run_ids],
-            [r.num_computed_tokens for r in scheduled_running])
-        # A decode computes the one token after everything computed so far, and it is an output token.
-        decode_ids = {r.request_id for r in scheduled_running
-                      if r.num_computed_tokens == len(r.all_token_ids) + r.num_output_placeholders - 1
-                      and (r.output_token_ids or r.num_output_placeholders)}
-        num_decode_tokens = len(decode_ids)  # a decode has exactly one token left, so it is scheduled one
-        for req in scheduled_resumed:
-            cached.req_ids.append(req.request_id)
-            cached.resumed_from_preemption.append(True)
-            cached.resumed_token_ids.append(list(req.all_token_ids))
-            cached.new_block_ids.append(kv.get_block_ids(req.request_id))
-            cached.num_computed_tokens.append(req.num_computed_tokens)
-        total = sum(num_scheduled.values())
+    def _take_finished_req_ids(self) -> set[str]:
+        """Requests finished since the last step, told to the workers once (the next output carries them)."""
         finished, self.finished_req_ids = self.finished_req_ids, set()
-        return SchedulerOutput(
-            scheduled_new_reqs=new_reqs, scheduled_cached_reqs=cached, num_scheduled_tokens=num_scheduled,
-            total_num_scheduled_tokens=total, finished_req_ids=finished,
-            preempted_req_ids=[r.request_id for r in preempted], preempted_block_ids=preempted_block_ids,
-            num_prefill_tokens=total - num_decode_tokens, num_decode_tokens=num_decode_tokens,
-            prefix_hit_tokens=prefix_hit_tokens, decode_req_ids=decode_ids)
+        return finished
 
     def _pick_victim(self) -> Request:
         if self.priority_policy:
@@ -355,31 +325,12 @@ class Scheduler:
             if (num_tokens < self.max_model_len and len(req.output_token_ids) < req.max_tokens
                     and (params.ignore_eos or tok != req.eos_token_id) and tok not in params.stop_token_ids):
                 return new_ids, False
-            return new_ids, self._check_stop(req)
+            return new_ids, check_stop(req, self.max_model_len)
         for k, tok in enumerate(new_ids):
             req.append_output_token_ids(tok)
-            if self._check_stop(req):
+            if check_stop(req, self.max_model_len):
                 return new_ids[:k + 1], True
         return new_ids, False
-
-    def _check_stop(self, req: Request) -> bool:
-        """vLLM 0.32's order: EOS, then stop token ids, then length. EOS and stop ids count only after
-        min_tokens (vLLM's sampler masks them until then; our simulator feeds recorded tokens)."""
-        num_outputs = len(req.output_token_ids)
-        params = req.sampling_params
-        if num_outputs >= params.min_tokens:
-            last = req.output_token_ids[-1]
-            if not params.ignore_eos and last == req.eos_token_id:
-                req.status = RequestStatus.FINISHED_STOPPED
-                return True
-            if last in params.stop_token_ids:
-                req.status = RequestStatus.FINISHED_STOPPED
-                req.stop_reason = last
-                return True
-        if len(req.all_token_ids) >= self.max_model_len or num_outputs >= req.max_tokens:
-            req.status = RequestStatus.FINISHED_LENGTH_CAPPED
-            return True
-        return False
 
     def _finish(self, req: Request, now: float) -> list[int]:
         req.finished_time = now
