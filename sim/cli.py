@@ -144,7 +144,8 @@ def _simulate(args: argparse.Namespace, trace_dir: str, residual_seed: int | Non
             "device": {"type": "sim", "hardware": simulated_hardware},
             "kv_cache": {"num_blocks": cache.num_gpu_blocks, "block_size": cache.block_size, "how": how}}
     if announce:
-        print(describe_replay(source.path, source.num_requests, meta, cost_model.describe(), sched, cache))
+        print(describe_replay(source.path, source.num_requests, meta, {"name": cost_model.name,
+                                                                       **cost_model.describe()}, sched, cache))
     sim = Simulator(sched, cache, cost_model, trace_dir, meta, seed=args.seed or 0, vocab_size=args.vocab_size,
                     follow_recorded=exact)
     sim.recorder.set_trace_level(args.trace_level)
@@ -203,8 +204,9 @@ def _simulated_model(name: str, source: Any, model: Any, hardware: str,
                      cost: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
     """What the simulated run is a run of: a recorded replay is the traced engine's model and device, a
     calibrated profile the model and device it was fitted on, a roofline the preset on the table's hardware."""
-    if name == "recorded":
-        return dict(source.model), None
+    if name == "recorded":  # the traced run's own model and device
+        device = (source.trace.meta.get("device") or {}) if source.trace is not None else {}
+        return dict(source.model), device.get("name") or device.get("type")
     fitted = cost.get("model") if isinstance(cost.get("model"), dict) else {}
     if fitted.get("model"):
         device = cost.get("device") or {}
