@@ -56,6 +56,12 @@ def fake_token(rid: str, i: int, spec: Spec) -> int:
     return 3 + h
 
 
+def fake_sampled(requests: dict[str, Any], ids: list[str], specs: dict[str, Spec]) -> list[list[int]]:
+    """One fake token per scheduled request, none for a partial prefill chunk: both schedulers' model."""
+    return [[] if (req := requests[rid]).is_prefill_chunk
+            else [fake_token(rid, req.num_computed_tokens - req.num_prompt_tokens, specs[rid])] for rid in ids]
+
+
 @dataclass(slots=True)
 class TickLog:
     tick: int
@@ -163,13 +169,8 @@ class VllmSide:
 
     def schedule(self) -> tuple[Any, Any, TickLog]:
         so = self.sched.schedule()
-        sampled, ids = [], list(so.num_scheduled_tokens)
-        for rid in ids:
-            req = self.sched.requests[rid]
-            if req.is_prefill_chunk:
-                sampled.append([])
-            else:
-                sampled.append([fake_token(rid, req.num_computed_tokens - req.num_prompt_tokens, self.specs[rid])])
+        ids = list(so.num_scheduled_tokens)
+        sampled = fake_sampled(self.sched.requests, ids, self.specs)
         out = self.m.ModelRunnerOutput(ids, {rid: i for i, rid in enumerate(ids)}, sampled)
         kv = self.sched.kv_cache_manager
         blocks = {rid: ids_[0] for rid in self.sched.requests if (ids_ := kv.get_block_ids(rid)) and ids_[0]}
@@ -215,13 +216,8 @@ class OurSide:
         from engine.core import ModelRunnerOutput
 
         so = self.sched.schedule()
-        sampled, ids = [], list(so.num_scheduled_tokens)
-        for rid in ids:
-            req = self.sched.requests[rid]
-            if req.is_prefill_chunk:
-                sampled.append([])
-            else:
-                sampled.append([fake_token(rid, req.num_computed_tokens - req.num_prompt_tokens, self.specs[rid])])
+        ids = list(so.num_scheduled_tokens)
+        sampled = fake_sampled(self.sched.requests, ids, self.specs)
         kv = self.sched.kv_cache_manager
         blocks = {rid: ids_ for rid in self.sched.requests if (ids_ := kv.get_block_ids(rid))}
         log = TickLog(0, list(so.num_scheduled_tokens.items()), sorted(so.preempted_req_ids), blocks)
