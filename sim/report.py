@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from sim.token_stats import TokenStats, stream_token_stats
 from traces.schema import REQUEST_COLUMNS
 from traces.summary import format_summary, request_latencies, summarize
 
@@ -110,22 +111,68 @@ SUMMARY_READ = {
 }
 
 
-def load_for_summary(path: str | Path) -> Any:
-    """The columns the summary and plots read, request ids and events as Categoricals: a fraction of the
-    memory and time of `traces.load` on a long trace, compacted or still in JSON lines."""
-    import traces
+@dataclass(slots=True)
+class SummaryTrace:
+    """What the summary and the plots read of a trace: the summary columns of its requests and steps, and
+    its decisions already reduced to TokenStats."""
 
-    return traces.load(path, columns=SUMMARY_READ, tables=SUMMARY_READ, categories=("request_id", "event", "phase"))
+    path: Path
+    meta: dict[str, Any]
+    requests: pd.DataFrame
+    steps: pd.DataFrame
+    tokens: TokenStats
+
+
+def load_for_summary(path: str | Path) -> SummaryTrace:
+    """Requests and steps as the summary reads them (their columns only, request ids as Categoricals), and
+    the decisions walked a record batch at a time into TokenStats: a 200k-request replay's ~15M decision
+    rows are never held at once. Compacted or still streamed (a run cut short) alike."""
+    import warnings
+
+    import pyarrow as pa
+
+    import traces
+    from traces.batches import table_batches
+
+    cats = ("request_id", "event", "phase")
+    trace = traces.load(path, columns=SUMMARY_READ, tables=("steps", "requests"), categories=cats)
+    steps = trace.steps
+    # A run cut short: its decisions beyond the last steps row are dropped, as traces.load drops them.
+    last = None if trace.meta.get("complete") else (int(steps["step"].max()) if len(steps) else -1)
+    batches = table_batches(path, "decisions", SUMMARY_READ["decisions"], dictionary=cats)
+    try:
+        tokens = stream_token_stats(batches, steps, last, _ids(trace.requests))
+    except pa.ArrowInvalid:
+        tokens = None  # JSON lines the schema cannot type: traces.load reads them row by row
+    if batches.truncated[0]:
+        warnings.warn(f"{trace.path}: trace ends mid-write (decisions); read up to the last complete step",
+                      traces.TruncatedTraceWarning, stacklevel=2)
+    if tokens is None:  # rows out of step order: sorted in memory, the whole table at once
+        full = traces.load(path, columns=SUMMARY_READ, tables=SUMMARY_READ, categories=cats)
+        tokens = TokenStats.from_token_times(*token_times(full.decisions, full.steps))
+    return SummaryTrace(trace.path, trace.meta, trace.requests, steps, tokens)
+
+
+def _ids(requests: pd.DataFrame) -> Any:
+    ids = requests["request_id"]
+    return ids.cat.categories if isinstance(ids.dtype, pd.CategoricalDtype) else ids.dropna().unique()
+
+
+def token_stats(trace: Any) -> TokenStats:
+    """The trace's TokenStats: streamed by load_for_summary, else computed from its decisions in memory."""
+    tokens = getattr(trace, "tokens", None)
+    return tokens if tokens is not None else TokenStats.from_token_times(*token_times(trace.decisions, trace.steps))
 
 
 def sim_summary(trace: Any, slos: list[SLO] | None = None,
                 percentiles: tuple[int, ...] = (50, 90, 99)) -> dict[str, Any]:
-    """traces.summary.summarize plus ITL, total token throughput, KV usage and goodput under `slos`."""
+    """traces.summary.summarize plus ITL, total token throughput, KV usage and goodput under `slos`;
+    `trace` is load_for_summary's or a whole `traces.Trace`."""
     req, steps = trace.requests, trace.steps
     s = summarize(req, steps, percentiles)
-    itl = inter_token_latencies(trace.decisions, steps)
+    itl = token_stats(trace).itl
     for q in percentiles:
-        s[f"itl_p{q}_s"] = _pct(itl, q)
+        s[f"itl_p{q}_s"] = float(np.percentile(itl, q)) if len(itl) else math.nan
     done = req[req["finish_reason"].isin(["stop", "length"])]
     total = int(done["num_prompt_tokens"].sum()) + s["output_tokens"]
     s["total_throughput_tok_s"] = total / s["duration_s"]
@@ -179,10 +226,10 @@ def write_plots(trace: Any, out_dir: str | Path, bins: int = 200, slos: list[SLO
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    steps, written = trace.steps, []
+    steps, written, tokens = trace.steps, [], token_stats(trace)
     lat = request_latencies(trace.requests)
     series = {"ttft": lat["ttft"].to_numpy(float), "tpot": lat["tpot"].to_numpy(float),
-              "e2e": lat["e2e"].to_numpy(float), "itl": inter_token_latencies(trace.decisions, steps)}
+              "e2e": lat["e2e"].to_numpy(float), "itl": tokens.itl}
 
     workload = (trace.meta.get("workload") or {}).get("name")
     title = " · ".join(x for x in (workload, describe_run(trace.meta)) if x)
@@ -210,11 +257,10 @@ def write_plots(trace: Any, out_dir: str | Path, bins: int = 200, slos: list[SLO
     save(fig, "latency_cdf.png")
 
     end = steps["end"].to_numpy(float)
-    _, times = token_times(trace.decisions, steps)
     fig, ax = plt.subplots(figsize=(8, 3.5))
-    if len(times):
+    if len(tokens.times):
         # At least ~20 steps per bin, or the curve aliases against the step rhythm.
-        counts, edges = np.histogram(times, bins=max(1, min(bins, len(steps) // 20)))
+        counts, edges = tokens.histogram(max(1, min(bins, len(steps) // 20)))
         ax.plot(edges[:-1], counts / np.diff(edges))
     ax.set(title="output throughput", xlabel="simulated time (s)", ylabel="tokens/s")
     ax.grid(alpha=0.3)

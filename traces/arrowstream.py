@@ -15,8 +15,10 @@ from typing import Any
 from traces.schema import TEMP_SUFFIX
 
 # Row groups of at most this many rows: a compacted table is read column by column, and a few large
-# groups compress better than one per flush.
+# groups compress better than one per flush. And of at most this many bytes: a group is held whole while
+# it is written, and the requests table's token ids make its rows large.
 ROW_GROUP_ROWS = 1 << 19
+ROW_GROUP_BYTES = 64 << 20
 
 
 def arrow_stream_file(table: str) -> str:
@@ -53,13 +55,15 @@ def _array(values: list[Any], ty: Any) -> Any:
     return pa.ListArray.from_arrays(pa.array(offsets), pa.array(items, ty.value_type), type=ty, mask=mask)
 
 
-def iter_batches(path: Path) -> tuple[Any, Iterator[Any], list[bool]]:
+def iter_batches(path: Path, memory_map: bool = True) -> tuple[Any, Iterator[Any], list[bool]]:
     """(schema, batches, truncated flag): batches up to the last complete one; `truncated[0]` turns True
-    when the stream ends mid-batch (a run killed while writing)."""
+    when the stream ends mid-batch (a run killed while writing). Without `memory_map` each batch is read
+    into memory of its own, freed with it: walking a long stream then keeps one batch resident, not
+    every page of the file touched so far."""
     import pyarrow as pa
 
     truncated = [False]
-    reader = pa.ipc.open_stream(pa.memory_map(str(path)))
+    reader = pa.ipc.open_stream(pa.memory_map(str(path)) if memory_map else pa.OSFile(str(path)))
 
     def batches() -> Iterator[Any]:
         while True:
@@ -96,21 +100,23 @@ def read_arrow_stream(path: Path, columns: tuple[str, ...], arrow_lists: bool = 
 
 def arrow_stream_to_parquet(src: Path, dst: Path) -> None:
     """Copy a stream's batches into a Parquet file, a few large row groups at a time (memory stays
-    flat), written under a temporary name and renamed, so a kill leaves either no Parquet or a whole one."""
+    flat: the stream is read, not mapped, so only the group at hand is resident), written under a
+    temporary name and renamed, so a kill leaves either no Parquet or a whole one."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    schema, batches, _ = iter_batches(src)
+    schema, batches, _ = iter_batches(src, memory_map=False)
     tmp = dst.with_name(f"{dst.name}.{os.getpid()}{TEMP_SUFFIX}")
     with pq.ParquetWriter(tmp, schema) as out:
         group: list[Any] = []
-        rows = 0
+        rows = size = 0
         for batch in batches:
             group.append(batch)
             rows += batch.num_rows
-            if rows >= ROW_GROUP_ROWS:
+            size += batch.nbytes
+            if rows >= ROW_GROUP_ROWS or size >= ROW_GROUP_BYTES:
                 out.write_table(pa.Table.from_batches(group, schema=schema))
-                group, rows = [], 0
+                group, rows, size = [], 0, 0
         if group:
             out.write_table(pa.Table.from_batches(group, schema=schema))
     os.replace(tmp, dst)

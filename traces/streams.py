@@ -2,9 +2,12 @@
 column types, so a crash-recovered trace costs about what its Parquet would, not a Python dict per row."""
 from __future__ import annotations
 
+import io
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any, BinaryIO
 
 import orjson
 import pandas as pd
@@ -43,27 +46,86 @@ def read_stream(path: Path, table: str, columns: tuple[str, ...], extra_int_colu
     """Rows of `<table>.jsonl` with the schema's columns first (plus any a writer added, such as a cluster's
     `replica`) and whether a partial last line was dropped. Rows Arrow cannot type fall back to pandas.
     `only` keeps just those columns and `categories` makes those string columns pandas Categoricals, both
-    done in Arrow before any Python object is built."""
+    done in Arrow before any Python object is built: columns not in `only` are not even parsed."""
     import pyarrow as pa
     import pyarrow.json as pj
 
     size = path.stat().st_size if path.exists() else 0
-    if size == 0:
-        return pd.DataFrame(columns=list(columns)), False
-    end, truncated = _complete_bytes(path, size)
-    with pa.memory_map(str(path)) as source:
-        buf = source.read_buffer()
-        if end == 0:
-            return pd.DataFrame(columns=list(columns)), truncated
-        try:
-            schema = arrow_schema(table, extra_int_columns)
-            tbl = pj.read_json(pa.BufferReader(buf.slice(0, end)),
-                               read_options=pj.ReadOptions(block_size=16 << 20),
-                               parse_options=pj.ParseOptions(explicit_schema=schema))
-        except pa.ArrowInvalid:
-            df = _read_rows(path, bytes(buf.slice(0, end)), columns)
-            return (df if only is None else df[[c for c in df.columns if c in set(only)]]), truncated
+    end, truncated = _complete_bytes(path, size) if size else (0, False)
+    if end == 0:
+        return pd.DataFrame(columns=list(columns)), truncated
+    try:
+        with _prefix_file(path, end) as source:
+            tbl = pj.read_json(source, read_options=pj.ReadOptions(block_size=BLOCK_BYTES),
+                               parse_options=_parse_options(table, extra_int_columns, only))
+    except pa.ArrowInvalid:
+        with open(path, "rb") as f:
+            df = _read_rows(path, f.read(end), columns)
+        return (df if only is None else df[[c for c in df.columns if c in set(only)]]), truncated
     return table_to_frame(tbl, columns, only, categories, arrow_lists), truncated
+
+
+# JSON is parsed this many bytes at a time: a block's rows are typed and the text let go before the next.
+BLOCK_BYTES = 16 << 20
+# Arrow's streaming JSON reader keeps dozens of blocks in flight: smaller ones keep that to ~100 MB.
+STREAM_BLOCK_BYTES = 2 << 20
+
+
+def _parse_options(table: str, extra_int_columns: tuple[str, ...], only: Sequence[str] | None):
+    """The schema's types; with `only`, just those columns, every other key skipped unparsed."""
+    import pyarrow as pa
+    import pyarrow.json as pj
+
+    schema = arrow_schema(table, extra_int_columns)
+    if only is None:
+        return pj.ParseOptions(explicit_schema=schema)
+    keep = set(only)
+    return pj.ParseOptions(explicit_schema=pa.schema([f for f in schema if f.name in keep]),
+                           unexpected_field_behavior="ignore")
+
+
+class _Prefix(io.RawIOBase):
+    """The first `end` bytes of a file, read through an ordinary buffer: a memory map would count the
+    whole stream as resident while Arrow parses it."""
+
+    def __init__(self, f: BinaryIO, end: int) -> None:
+        self.f, self.left = f, end
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:
+        n = self.f.readinto(memoryview(b)[:min(len(b), self.left)])
+        self.left -= n
+        return n
+
+
+@contextmanager
+def _prefix_file(path: Path, end: int) -> Iterator[Any]:
+    import pyarrow as pa
+
+    with open(path, "rb") as f:
+        yield pa.PythonFile(io.BufferedReader(_Prefix(f, end), BLOCK_BYTES), mode="r")
+
+
+def stream_batches(path: Path, table: str, only: Sequence[str],
+                   extra_int_columns: tuple[str, ...] = ()) -> tuple[Iterator[Any], bool]:
+    """`<table>.jsonl` as Arrow record batches of just the `only` columns, one parsed block at a time
+    (memory stays flat however long the stream), and whether a partial last line was dropped. Raises
+    pyarrow.ArrowInvalid, possibly midway, for rows the schema cannot type."""
+    import pyarrow.json as pj
+
+    size = path.stat().st_size if path.exists() else 0
+    end, truncated = _complete_bytes(path, size) if size else (0, False)
+
+    def batches() -> Iterator[Any]:
+        if end == 0:
+            return
+        with _prefix_file(path, end) as source:
+            yield from pj.open_json(source, read_options=pj.ReadOptions(block_size=STREAM_BLOCK_BYTES),
+                                    parse_options=_parse_options(table, extra_int_columns, only))
+
+    return batches(), truncated
 
 
 def table_to_frame(tbl, columns: Sequence[str], only: Sequence[str] | None, categories: Sequence[str],
