@@ -2,11 +2,14 @@
 roofline model of llama-3.1-8b on an H200, trace written and summarised, as `sim replay` does.
 
 Run from the repo root: `python bench/sim_speed.py [--max-requests N] [--trace-level full|steps|none]
-[--profile]`. Prints `steps/s: <n> steps/s` (simulated steps per second of the event loop, recording
-included), `azure conv replay: <seconds> s` (end to end: request stream, loop, trace compaction,
-summary), `cpu time: <seconds> s` (this process, all threads: steadier than wall time on a shared
-machine) and `peak rss: <n> MB` (the process's peak resident memory, summary included). `--profile`
-prints the loop's top functions by own time for the first 1,000 requests.
+[--workload FILE.yaml] [--profile]`. Prints `steps/s: <n> steps/s` (simulated steps per second of the
+event loop, recording included), `azure conv replay: <seconds> s` (end to end: request stream, loop,
+trace compaction, summary), `cpu time: <seconds> s` (this process, all threads: steadier than wall time
+on a shared machine), `peak rss: <n> MB` (the process's peak resident memory, summary included) and
+`peak rss by phase: simulation <n> MB, summary <n> MB` (the peak of each: the simulation's includes
+the trace compaction). `--workload` replays another workload file instead (e.g. 200k Poisson requests,
+the memory check of a long run); the replay line then names it. `--profile` prints the loop's top
+functions by own time for the first 1,000 requests.
 If the roofline model is not importable, a fixed-cost stand-in is used and the output says so.
 """
 from __future__ import annotations
@@ -53,12 +56,25 @@ def cost_model():
     return RooflineCostModel.from_args(model="llama-3.1-8b", hardware="h200"), "roofline llama-3.1-8b on h200"
 
 
-def replay(limit: int | None, trace_dir: str, profile: bool = False,
-           trace_level: str = "full") -> tuple[object, float, str]:
+def _hwm_mb(reset: bool = False) -> float | None:
+    """Peak RSS so far (VmHWM), in MB; `reset` starts a new peak from the current RSS. None off Linux."""
+    try:
+        with open("/proc/self/status") as f:
+            hwm = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+        if reset:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")
+    except (OSError, StopIteration):
+        return None
+    return hwm / 1024
+
+
+def replay(limit: int | None, trace_dir: str, profile: bool = False, trace_level: str = "full",
+           workload: str = AZURE_CONV) -> tuple[object, float, str, list[float | None]]:
     start = time.perf_counter()
     cm, label = cost_model()
     blocks = cm.num_gpu_blocks(16, 0.9) if hasattr(cm, "num_gpu_blocks") else 8192
-    src = open_source(AZURE_CONV, limit=limit)
+    src = open_source(workload, limit=limit)
     sim = Simulator(SchedulerConfig(max_model_len=MAX_MODEL_LEN), CacheConfig(block_size=16, num_gpu_blocks=blocks),
                     cm, trace_dir, {"workload": src.meta})
     sim.recorder.set_trace_level(trace_level)
@@ -69,8 +85,11 @@ def replay(limit: int | None, trace_dir: str, profile: bool = False,
     if prof:
         prof.disable()
         pstats.Stats(prof).sort_stats("tottime").print_stats(15)
+    del sim, src  # as in `sim replay`, the simulator is gone before the summary
+    peaks = [_hwm_mb(reset=True)]
     summary = sim_summary(load_for_summary(trace_dir))
-    return (result, summary), time.perf_counter() - start, label
+    peaks.append(_hwm_mb())
+    return (result, summary), time.perf_counter() - start, label, peaks
 
 
 def main() -> int:
@@ -78,23 +97,30 @@ def main() -> int:
     p.add_argument("--max-requests", type=int, default=None, help="replay only the first N requests")
     p.add_argument("--trace-level", choices=("full", "steps", "none"), default="full",
                    help="what the trace keeps (sim replay --trace-level)")
+    p.add_argument("--workload", default=AZURE_CONV, help="workload file to replay (default: the Azure conversation trace)")
     p.add_argument("--profile", action="store_true", help="profile the loop on the first 1,000 requests first")
     args = p.parse_args()
     if args.profile:
         with tempfile.TemporaryDirectory() as d:
-            replay(1000, d, profile=True, trace_level=args.trace_level)
+            replay(1000, d, profile=True, trace_level=args.trace_level, workload=args.workload)
     cpu0 = time.process_time()
     with tempfile.TemporaryDirectory() as d:
-        (result, summary), total, label = replay(args.max_requests, d, trace_level=args.trace_level)
+        (result, summary), total, label, peaks = replay(args.max_requests, d, trace_level=args.trace_level,
+                                                        workload=args.workload)
     cpu = time.process_time() - cpu0
     print(f"cost model: {label}; trace level {args.trace_level}; {result.num_requests} requests, {result.num_steps} steps, "
           f"{result.sim_time:.0f} s simulated, loop {result.wall_time:.1f} s")
     print(format_sim_summary(summary))
     print(f"steps/s: {result.num_steps / result.wall_time:.0f} steps/s")
-    print(f"azure conv replay: {total:.1f} s")
+    name = "azure conv" if args.workload == AZURE_CONV else os.path.basename(args.workload)
+    print(f"{name} replay: {total:.1f} s")
     print(f"cpu time: {cpu:.1f} s")
-    # ru_maxrss is in KiB on Linux: the whole run's peak, the summary included.
-    print(f"peak rss: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB")
+    # ru_maxrss is in KiB on Linux: the whole run's peak, the summary included. Resetting VmHWM between
+    # the phases does not lower it where the kernel keeps the maximum itself; the larger figure is the peak.
+    whole = [resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, *(p for p in peaks if p is not None)]
+    print(f"peak rss: {max(whole):.0f} MB")
+    if None not in peaks:
+        print(f"peak rss by phase: simulation {peaks[0]:.0f} MB, summary {peaks[1]:.0f} MB")
     return 0
 
 
