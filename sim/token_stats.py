@@ -9,6 +9,7 @@ held per request until that request's next row (or the end) settles it.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -31,6 +32,13 @@ class TokenStats:
         itl = np.diff(times)[codes[1:] == codes[:-1]] if len(codes) > 1 else np.empty(0)
         t, n = np.unique(times[~np.isnan(times)], return_counts=True)
         return cls(itl[~np.isnan(itl)], t, n)
+
+    def itl_percentiles(self, qs: Sequence[float]) -> list[float]:
+        """np.percentile of the ITLs for each of `qs`, figure for figure, partitioning `itl` in place (its
+        order is free) rather than copying ~15M values; NaN without ITLs."""
+        if not len(self.itl):
+            return [math.nan] * len(qs)
+        return [float(v) for v in np.percentile(self.itl, list(qs), overwrite_input=True)]
 
     def histogram(self, bins: int) -> tuple[np.ndarray, np.ndarray]:
         """np.histogram of the tokens' times, bin for bin the same as over one time per token."""
@@ -67,10 +75,10 @@ class TokenStream:
     """Feed `add(code, step, scheduled, finished, decode)` row arrays in step order, then `result()`.
     `add` returns False (and the stream is void) when rows go back in step: the caller then sorts in memory."""
 
-    def __init__(self, steps: Any) -> None:
+    def __init__(self, steps: Any, max_rows: int | None = None) -> None:
         self.ends = _StepEnds(steps)
         self.counts = np.zeros(len(self.ends.step_no), dtype=np.int64)
-        self.itl: list[np.ndarray] = []
+        self.itl = _Latencies(max_rows)
         size = 1024
         self.pending = np.full(size, -1, dtype=np.int64)  # step of a prefill row not settled yet
         self.has_pending = np.zeros(size, dtype=bool)
@@ -133,7 +141,7 @@ class TokenStream:
         first = np.r_[True, code[1:] != code[:-1]]
         prev[first] = self.last_time[code[first]]
         itl = times - prev
-        self.itl.append(itl[~np.isnan(itl)])
+        self.itl.add(itl[~np.isnan(itl)])
         last = np.r_[code[1:] != code[:-1], True]
         self.last_time[code[last]] = times[last]
 
@@ -143,28 +151,46 @@ class TokenStream:
         ids = np.flatnonzero(self.has_pending[:n] & self.has_finish[:n] & (self.pending[:n] == self.finish[:n]))
         self._emit(ids, self.pending[ids])
         nz = np.flatnonzero(self.counts)
-        return TokenStats(_concatenate(self.itl), self.ends.end[nz], self.counts[nz])
+        return TokenStats(self.itl.array(), self.ends.end[nz], self.counts[nz])
 
 
-def _concatenate(chunks: list[np.ndarray]) -> np.ndarray:
-    """One array from the chunks, each freed once copied: the peak is the result plus one chunk, not two
-    copies of every latency (the result's pages are only taken as they are written)."""
-    out = np.empty(sum(len(c) for c in chunks))
-    at = 0
-    chunks.reverse()
-    while chunks:
-        c = chunks.pop()
-        out[at:at + len(c)] = c
-        at += len(c)
-    return out
+class _Latencies:
+    """The ITLs gathered batch by batch. With an upper bound on their number (a token per decision row at
+    most, known from a Parquet file's footer) they go straight into one array whose untouched tail never
+    becomes resident; without one, into chunks joined at the end, each freed once copied."""
+
+    def __init__(self, max_rows: int | None) -> None:
+        self.buffer = np.empty(max_rows) if max_rows is not None else None
+        self.chunks: list[np.ndarray] = []
+        self.size = 0
+
+    def add(self, values: np.ndarray) -> None:
+        if self.buffer is not None:
+            self.buffer[self.size:self.size + len(values)] = values
+        else:
+            self.chunks.append(values)
+        self.size += len(values)
+
+    def array(self) -> np.ndarray:
+        if self.buffer is not None:
+            return self.buffer[:self.size]
+        out = np.empty(self.size)
+        at = 0
+        self.chunks.reverse()
+        while self.chunks:
+            c = self.chunks.pop()
+            out[at:at + len(c)] = c
+            at += len(c)
+        return out
 
 
 def stream_token_stats(batches: Iterable[Any], steps: Any, last_step: int | None,
-                       request_ids: Sequence[Any] = ()) -> TokenStats | None:
+                       request_ids: Sequence[Any] = (), max_rows: int | None = None) -> TokenStats | None:
     """TokenStats from decision record batches (columns step, request_id, event, phase), rows beyond
     `last_step` dropped (a trace cut short); None when the rows are not in step order. `request_ids`
-    (the requests table's) are looked up in Arrow; any other id through a dict."""
-    stream = TokenStream(steps)
+    (the requests table's) are looked up in one hash table; any other id through a dict. `max_rows`:
+    how many rows there are at most, when known."""
+    stream = TokenStream(steps, max_rows)
     ids = _RequestCodes(request_ids)
     for batch in batches:
         step = _column(batch, "step").to_numpy(zero_copy_only=False).astype(np.int64, copy=False)

@@ -26,11 +26,13 @@ BATCH_ROWS = 1 << 17
 @dataclass(slots=True)
 class TableBatches:
     """Iterate for the batches; `truncated[0]` is True, at the latest once they are all read, when the
-    stream was cut short (a killed run): the caller warns, as `traces.load` does."""
+    stream was cut short (a killed run): the caller warns, as `traces.load` does. `num_rows`: known up
+    front for Parquet, else None."""
 
     path: Path
     batches: Iterator[Any]
     truncated: list[bool] = field(default_factory=lambda: [False])
+    num_rows: int | None = None
 
     def __iter__(self) -> Iterator[Any]:
         return self.batches
@@ -49,7 +51,7 @@ def table_batches(root: str | Path, table: str, columns: Sequence[str],
         stream = arrows
     if pq_path.is_file():
         try:
-            return TableBatches(pq_path, _parquet(pq_path, table, columns, dictionary))
+            return _parquet(pq_path, table, columns, dictionary)
         except (pa.ArrowException, OSError, ValueError) as e:
             if isinstance(e, TraceError):
                 raise
@@ -70,7 +72,7 @@ def table_batches(root: str | Path, table: str, columns: Sequence[str],
     return TableBatches(stream, batches, [cut])
 
 
-def _parquet(path: Path, table: str, columns: Sequence[str], dictionary: Sequence[str]) -> Iterator[Any]:
+def _parquet(path: Path, table: str, columns: Sequence[str], dictionary: Sequence[str]) -> TableBatches:
     """Opens the file now (so a damaged footer falls back to the stream) and reads it lazily, on this
     thread: Arrow's decoding threads would each keep an allocator heap resident."""
     import pyarrow as pa
@@ -87,7 +89,7 @@ def _parquet(path: Path, table: str, columns: Sequence[str], dictionary: Sequenc
         except (pa.ArrowException, OSError) as e:
             raise TraceError(f"{path}: unreadable Parquet ({(str(e).splitlines() or [type(e).__name__])[0]})") from None
 
-    return batches()
+    return TableBatches(path, batches(), num_rows=pf.metadata.num_rows)
 
 
 def _arrow_stream(path: Path, columns: Sequence[str]) -> TableBatches:
