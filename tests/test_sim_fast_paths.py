@@ -1,12 +1,15 @@
 """The simulator's fast paths give what the plain per-row code gives: the same StepBatch for every step
-(to the bit), on runs that preempt, resume, chunk prefills and hit the prefix cache, sync and async."""
+(to the bit) and the same sampled tokens, on runs that preempt, resume, chunk prefills and hit the prefix cache, sync and async."""
 import pytest
 
 import sim.loop
 from engine.core.config import CacheConfig, SchedulerConfig
-from engine.core.sched_output import SchedulerOutput
+from engine.core.request import Request
+from engine.core.sampling_params import SamplingParams
+from engine.core.sched_output import CachedRequestData, SchedulerOutput
 from sim.batch import StepBatch, batch_from_output
 from sim.loop import Simulator
+from sim.runner import FIRST_TOKEN_ID, FakeModelRunner
 from sim.sources import open_source
 from workloads import DEFAULT_WORKLOAD
 
@@ -64,3 +67,52 @@ def test_batch_from_output_equals_the_per_row_batch_on_every_step(tmp_path, monk
     assert any(any(c.resumed_from_preemption) for c in cached)
     assert any(len(c.req_ids) > len(so.decode_req_ids) for c, so in zip(cached, seen))
     assert any(so.decode_req_ids for so in seen) and any(so.scheduled_new_reqs for so in seen)
+
+
+def reference_tokens(runner: FakeModelRunner, so: SchedulerOutput, requests) -> list[list[int]]:
+    """Each scheduled request's sampled token by the documented rule, one request at a time."""
+    out = []
+    for rid in so.num_scheduled_tokens:
+        req = requests[rid]
+        if req.is_prefill_chunk:
+            out.append([])
+            continue
+        pos = req.num_computed_tokens - len(req.prompt_token_ids)
+        rec = runner._recorded.get(rid)
+        out.append([rec[pos]] if rec is not None and pos < len(rec)
+                   else [FIRST_TOKEN_ID + (runner._base[rid] + pos * 2654435761) % runner.span])
+    return out
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_fake_runner_samples_the_documented_tokens(tmp_path, monkeypatch, async_scheduling):
+    sampled_steps = []
+    execute = FakeModelRunner.execute
+
+    def checked(self, so, requests):
+        out = execute(self, so, requests)
+        assert out.req_ids == list(so.num_scheduled_tokens)
+        assert out.sampled_token_ids == reference_tokens(self, so, requests)
+        sampled_steps.append(sum(map(len, out.sampled_token_ids)))
+        return out
+
+    monkeypatch.setattr(FakeModelRunner, "execute", checked)
+    _run(tmp_path, monkeypatch, async_scheduling, lambda so, batch: None)
+    assert sum(sampled_steps) > 100 and 0 in sampled_steps
+
+
+def test_fake_runner_feeds_recorded_tokens_then_hashed_ones():
+    requests = {}
+    runner = FakeModelRunner(seed=1, requests=requests)
+    runner.register("a", [50, 51])
+    runner.register("b")
+    for rid in ("a", "b"):
+        req = Request(rid, [5, 6, 7], SamplingParams(max_tokens=8))
+        req.num_computed_tokens = 3
+        requests[rid] = req
+    so = SchedulerOutput([], CachedRequestData(), {"a": 1, "b": 1}, 2, set())
+    for _ in range(3):
+        assert runner.execute(so, requests).sampled_token_ids == reference_tokens(runner, so, requests)
+        for req in requests.values():
+            req.num_computed_tokens += 1
+    assert runner.execute(so, requests).sampled_token_ids[0] != [51]  # past the recorded ones: hashed
