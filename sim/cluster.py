@@ -44,21 +44,45 @@ REQUEST_METRIC_COLUMNS = ("request_id", "arrival", "queued", "first_scheduled", 
 
 
 class _ReplicaWriter:
-    """The writer a replica's TraceRecorder sees: stamps `replica` on each row, shares one directory."""
+    """The writer a replica's TraceRecorder sees: stamps `replica` on each row, shares one directory.
+
+    The recorder appends straight to the shared writer's buffers (no dict per row); the replica column,
+    which the recorder does not know, is stamped on those rows after each of this replica's steps."""
+
+    _STAMPED = ("decisions", "block_events", "steps")
 
     def __init__(self, writer: TraceWriter, index: int) -> None:
         self.writer, self.index = writer, index
+
+    def buffer(self, table: str) -> dict[str, list[Any]]:
+        return self.writer.buffer(table)
+
+    def row_buffer(self, table: str) -> list[tuple]:
+        return self.writer.row_buffer(table)
 
     def write_rows(self, table: str, rows: list[dict[str, Any]]) -> None:
         for row in rows:
             row[REPLICA_COLUMN] = self.index
         self.writer.write_rows(table, rows)
 
+    def _stamp(self) -> None:
+        """Every row appended since the last stamp is this replica's: one replica records at a time."""
+        w = self.writer
+        for table in self._STAMPED:
+            cols = w.buffer(table)
+            stamp = cols[REPLICA_COLUMN]
+            missing = len(cols["step"]) + len(w.row_buffer(table)) - len(stamp)
+            if missing > 0:
+                stamp.extend([self.index] * missing)
+
     def flush(self) -> None:
+        self._stamp()
         self.writer.flush()
 
     def close(self, compact: bool = True, **final_meta: Any) -> None:
-        """The cluster closes the shared writer once, after every replica."""
+        """The cluster closes the shared writer once, after every replica; the rows this replica's
+        recorder wrote at its close still get their stamp."""
+        self._stamp()
 
 
 class Replica:

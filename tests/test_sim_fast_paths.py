@@ -1,16 +1,23 @@
 """The simulator's fast paths give what the plain per-row code gives: the same StepBatch for every step
-(to the bit) and the same sampled tokens, on runs that preempt, resume, chunk prefills and hit the prefix cache, sync and async."""
+(to the bit) and the same sampled tokens, on runs that preempt, resume, chunk prefills and hit the prefix
+cache, sync and async; the recorder's buffered rows equal its row-by-row ones, and a cluster stamps each
+replica on its own rows."""
+import pandas as pd
 import pytest
 
 import sim.loop
+import traces
 from engine.core.config import CacheConfig, SchedulerConfig
 from engine.core.request import Request
 from engine.core.sampling_params import SamplingParams
 from engine.core.sched_output import CachedRequestData, SchedulerOutput
 from sim.batch import StepBatch, batch_from_output
+from sim.cluster import Cluster
 from sim.loop import Simulator
 from sim.runner import FIRST_TOKEN_ID, FakeModelRunner
 from sim.sources import open_source
+from traces.recorder import TraceRecorder
+from traces.writer import TraceWriter
 from workloads import DEFAULT_WORKLOAD
 
 
@@ -116,3 +123,54 @@ def test_fake_runner_feeds_recorded_tokens_then_hashed_ones():
         for req in requests.values():
             req.num_computed_tokens += 1
     assert runner.execute(so, requests).sampled_token_ids[0] != [51]  # past the recorded ones: hashed
+
+
+class RowsOnlyWriter:
+    """A writer that takes only dict rows: the recorder's fallback path, none of the shared buffers."""
+
+    def __init__(self, writer: TraceWriter) -> None:
+        self.writer = writer
+
+    def write_rows(self, table, rows):
+        self.writer.write_rows(table, rows)
+
+    def flush(self):
+        self.writer.flush()
+
+    def close(self, **meta):
+        self.writer.close(**meta)
+
+
+def test_rows_only_writer_gets_the_same_trace_as_the_buffered_one(tmp_path, monkeypatch):
+    import sim.loop as loop
+
+    class RowsOnlySimulator(Simulator):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            self.recorder = TraceRecorder(RowsOnlyWriter(self.writer), self.scheduler,
+                                          snapshot_every=self.recorder.snapshot_every)
+            self.cycle.recorder = loop.CycleRecorder(self.recorder, self.cost_model)
+
+    sched = SchedulerConfig(max_model_len=4096, max_num_seqs=8, max_num_batched_tokens=256)
+    cache = CacheConfig(block_size=16, num_gpu_blocks=120)
+    for cls, name in ((Simulator, "buffered"), (RowsOnlySimulator, "rows")):
+        cls(sched, cache, FixedCost(), tmp_path / name).run(
+            open_source(str(DEFAULT_WORKLOAD), limit=40, time_scale=0.2).requests)
+    a, b = traces.load(tmp_path / "buffered"), traces.load(tmp_path / "rows")
+    assert a.steps["admission_blocked"].notna().any() and (a.decisions["event"] == "preempt").any()
+    for table in ("steps", "decisions", "block_events", "requests"):
+        pd.testing.assert_frame_equal(getattr(a, table), getattr(b, table), check_dtype=False)
+
+
+def test_cluster_stamps_each_replica_on_its_own_rows(tmp_path):
+    sched = SchedulerConfig(max_model_len=4096, max_num_seqs=8, max_num_batched_tokens=256)
+    cache = CacheConfig(block_size=16, num_gpu_blocks=120)
+    Cluster(3, sched, cache, FixedCost(), "round_robin", trace_dir=tmp_path / "t").run(
+        open_source(str(DEFAULT_WORKLOAD), limit=60, time_scale=0.2).requests)
+    t = traces.load(tmp_path / "t")
+    step_replica = t.steps.set_index("step")["replica"]
+    assert sorted(step_replica.unique()) == [0, 1, 2]
+    for table in (t.decisions, t.block_events):
+        assert table["replica"].notna().all()
+        assert (table["replica"].to_numpy() == step_replica.loc[table["step"]].to_numpy()).all()
+    assert t.steps["admission_blocked"].notna().any()
