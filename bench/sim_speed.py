@@ -60,8 +60,7 @@ def replay(limit: int | None, trace_dir: str, profile: bool = False,
     blocks = cm.num_gpu_blocks(16, 0.9) if hasattr(cm, "num_gpu_blocks") else 8192
     src = open_source(AZURE_CONV, limit=limit)
     sim = Simulator(SchedulerConfig(max_model_len=MAX_MODEL_LEN), CacheConfig(block_size=16, num_gpu_blocks=blocks),
-                    cm, trace_dir, {"workload": src.meta})
-    sim.recorder.set_trace_level(trace_level)
+                    cm, trace_dir, {"workload": src.meta}, trace_level=trace_level)
     prof = cProfile.Profile() if profile else None
     if prof:
         prof.enable()

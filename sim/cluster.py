@@ -143,7 +143,7 @@ class Replica:
                 else:
                     self.live[req.request_id] = req
         self.inbox.clear()
-        if not cycle.has_work():
+        if not (self.scheduler.running or cycle.has_work()):
             return None
         so = cycle.begin()
         self.busy = True
@@ -184,7 +184,8 @@ class Cluster:
 
     def __init__(self, num_replicas: int, scheduler_config: SchedulerConfig, cache_config: CacheConfig,
                  cost_model: CostModel, router: Router | str = "round_robin", trace_dir: str | Path | None = None,
-                 meta: dict[str, Any] | None = None, seed: int = 0, vocab_size: int = 32000) -> None:
+                 meta: dict[str, Any] | None = None, seed: int = 0, vocab_size: int = 32000,
+                 trace_level: str = "full") -> None:
         if num_replicas < 1:
             raise ValueError(f"replicas: must be >= 1, got {num_replicas}")
         self.now = 0.0
@@ -200,16 +201,16 @@ class Cluster:
         self.writer: TraceWriter | None = None
         if self.trace_dir is not None:
             full = {"source": "sim", **(meta or {}), "cost_model": {"name": cost_model.name, **cost_model.describe()},
-                    "seed": seed, "cluster": {"replicas": num_replicas, "router": self.router.name,
-                                              "replica_column": REPLICA_COLUMN,
-                                              "kv_blocks_per_replica": cache_config.num_gpu_blocks}}
+                    "seed": seed, "trace_level": trace_level,
+                    "cluster": {"replicas": num_replicas, "router": self.router.name, "replica_column": REPLICA_COLUMN,
+                                "kv_blocks_per_replica": cache_config.num_gpu_blocks}}
             full.setdefault("config", {}).update(
                 {"scheduler": scheduler_config.to_dict(), "cache": cache_config.to_dict()})
             self.writer = TraceWriter(self.trace_dir, full, flush_every=1024, extra_int_columns=(REPLICA_COLUMN,))
             for r in self.replicas:
                 # Cluster-wide step numbers would make per-replica snapshots land at random steps: keep only step 0's.
                 r.recorder = TraceRecorder(_ReplicaWriter(self.writer, r.index), r.scheduler,
-                                           snapshot_every=1 << 62)
+                                           snapshot_every=1 << 62, trace_level=trace_level)
                 r.cycle.recorder = CycleRecorder(r.recorder)
 
     def clock(self) -> float:
