@@ -2,11 +2,13 @@
 roofline model of llama-3.1-8b on an H200, trace written and summarised, as `sim replay` does.
 
 Run from the repo root: `python bench/sim_speed.py [--max-requests N] [--trace-level full|steps|none]
-[--profile]`. Prints `steps/s: <n> steps/s` (simulated steps per second of the event loop, recording
+[--other-levels] [--profile]`. Prints `steps/s: <n> steps/s` (simulated steps per second of the event loop, recording
 included), `azure conv replay: <seconds> s` (end to end: request stream, loop, trace compaction,
 summary), `cpu time: <seconds> s` (this process, all threads: steadier than wall time on a shared
 machine) and `peak rss: <n> MB` (the process's peak resident memory, summary included). `--profile`
-prints the loop's top functions by own time for the first 1,000 requests.
+prints the loop's top functions by own time for the first 1,000 requests. `--other-levels` then replays
+again at each other trace level and prints one `trace level <level>: ...` line each (replay, loop,
+steps/s, cpu time), so the cost of recording shows beside the full trace's.
 If the roofline model is not importable, a fixed-cost stand-in is used and the output says so.
 """
 from __future__ import annotations
@@ -77,6 +79,8 @@ def main() -> int:
     p.add_argument("--max-requests", type=int, default=None, help="replay only the first N requests")
     p.add_argument("--trace-level", choices=("full", "steps", "none"), default="full",
                    help="what the trace keeps (sim replay --trace-level)")
+    p.add_argument("--other-levels", action="store_true",
+                   help="then replay at the other trace levels too, one timing line each")
     p.add_argument("--profile", action="store_true", help="profile the loop on the first 1,000 requests first")
     args = p.parse_args()
     if args.profile:
@@ -92,6 +96,13 @@ def main() -> int:
     print(f"steps/s: {result.num_steps / result.wall_time:.0f} steps/s")
     print(f"azure conv replay: {total:.1f} s")
     print(f"cpu time: {cpu:.1f} s")
+    if args.other_levels:
+        for level in (lv for lv in ("full", "steps", "none") if lv != args.trace_level):
+            cpu0 = time.process_time()
+            with tempfile.TemporaryDirectory() as d:
+                (result, _), total, _ = replay(args.max_requests, d, trace_level=level)
+            print(f"trace level {level}: replay {total:.1f} s, loop {result.wall_time:.1f} s, "
+                  f"{result.num_steps / result.wall_time:.0f} steps/s, cpu time {time.process_time() - cpu0:.1f} s")
     # ru_maxrss is in KiB on Linux: the whole run's peak, the summary included.
     print(f"peak rss: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB")
     return 0
