@@ -2,14 +2,16 @@
 roofline model of llama-3.1-8b on an H200, trace written and summarised, as `sim replay` does.
 
 Run from the repo root: `python bench/sim_speed.py [--max-requests N] [--trace-level full|steps|none]
-[--workload FILE.yaml] [--profile]`. Prints `steps/s: <n> steps/s` (simulated steps per second of the
+[--workload FILE.yaml] [--other-levels] [--profile]`. Prints `steps/s: <n> steps/s` (simulated steps per second of the
 event loop, recording included), `azure conv replay: <seconds> s` (end to end: request stream, loop,
 trace compaction, summary), `cpu time: <seconds> s` (this process, all threads: steadier than wall time
 on a shared machine), `peak rss: <n> MB` (the process's peak resident memory, summary included) and
 `peak rss by phase: simulation <n> MB, summary <n> MB` (the peak of each: the simulation's includes
 the trace compaction). `--workload` replays another workload file instead (e.g. 200k Poisson requests,
 the memory check of a long run); the replay line then names it. `--profile` prints the loop's top
-functions by own time for the first 1,000 requests.
+functions by own time for the first 1,000 requests. `--other-levels` then replays again at each other
+trace level and prints one `trace level <level>: ...` line each (replay, loop, steps/s, cpu time), so the
+cost of recording shows beside the full trace's.
 If the roofline model is not importable, a fixed-cost stand-in is used and the output says so.
 """
 from __future__ import annotations
@@ -76,8 +78,7 @@ def replay(limit: int | None, trace_dir: str, profile: bool = False, trace_level
     blocks = cm.num_gpu_blocks(16, 0.9) if hasattr(cm, "num_gpu_blocks") else 8192
     src = open_source(workload, limit=limit)
     sim = Simulator(SchedulerConfig(max_model_len=MAX_MODEL_LEN), CacheConfig(block_size=16, num_gpu_blocks=blocks),
-                    cm, trace_dir, {"workload": src.meta})
-    sim.recorder.set_trace_level(trace_level)
+                    cm, trace_dir, {"workload": src.meta}, trace_level=trace_level)
     prof = cProfile.Profile() if profile else None
     if prof:
         prof.enable()
@@ -98,6 +99,8 @@ def main() -> int:
     p.add_argument("--trace-level", choices=("full", "steps", "none"), default="full",
                    help="what the trace keeps (sim replay --trace-level)")
     p.add_argument("--workload", default=AZURE_CONV, help="workload file to replay (default: the Azure conversation trace)")
+    p.add_argument("--other-levels", action="store_true",
+                   help="then replay at the other trace levels too, one timing line each")
     p.add_argument("--profile", action="store_true", help="profile the loop on the first 1,000 requests first")
     args = p.parse_args()
     if args.profile:
@@ -121,6 +124,13 @@ def main() -> int:
     print(f"peak rss: {max(whole):.0f} MB")
     if None not in peaks:
         print(f"peak rss by phase: simulation {peaks[0]:.0f} MB, summary {peaks[1]:.0f} MB")
+    if args.other_levels:
+        for level in (lv for lv in ("full", "steps", "none") if lv != args.trace_level):
+            cpu0 = time.process_time()
+            with tempfile.TemporaryDirectory() as d:
+                (result, _), total, _, _ = replay(args.max_requests, d, trace_level=level, workload=args.workload)
+            print(f"trace level {level}: replay {total:.1f} s, loop {result.wall_time:.1f} s, "
+                  f"{result.num_steps / result.wall_time:.0f} steps/s, cpu time {time.process_time() - cpu0:.1f} s")
     return 0
 
 

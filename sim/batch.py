@@ -43,12 +43,28 @@ class StepBatch:
 
 
 def batch_from_output(so: SchedulerOutput) -> StepBatch:
-    batch = StepBatch()
+    """The batch of one step. A decode adds one token and no prefill attention, so only the prefill
+    rows (new, resumed, chunked) are walked; the context sum over every row is one `sum`. Prefill
+    attention adds up in the rows' order (new requests, then cached ones), as `StepBatch.add` would,
+    so the float is the same to the bit."""
     tokens = so.num_scheduled_tokens
-    for new in so.scheduled_new_reqs:
-        batch.add(tokens[new.req_id], new.num_computed_tokens, False)
     cached = so.scheduled_cached_reqs
     decodes = so.decode_req_ids
-    for rid, computed in zip(cached.req_ids, cached.num_computed_tokens):
-        batch.add(tokens[rid], computed, rid in decodes)
-    return batch
+    context = so.total_num_scheduled_tokens + sum(cached.num_computed_tokens)
+    prefill_tokens = prefill_seqs = 0
+    attention = 0.0
+    for new in so.scheduled_new_reqs:
+        n, computed = tokens[new.req_id], new.num_computed_tokens
+        context += computed
+        prefill_tokens += n
+        prefill_seqs += 1
+        attention += n * (computed + (n + 1) / 2)
+    if len(cached.req_ids) > len(decodes):
+        for rid, computed in zip(cached.req_ids, cached.num_computed_tokens):
+            if rid not in decodes:
+                n = tokens[rid]
+                prefill_tokens += n
+                prefill_seqs += 1
+                attention += n * (computed + (n + 1) / 2)
+    return StepBatch(prefill_tokens, so.total_num_scheduled_tokens - prefill_tokens, prefill_seqs, len(decodes),
+                     context, attention)

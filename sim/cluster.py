@@ -44,21 +44,45 @@ REQUEST_METRIC_COLUMNS = ("request_id", "arrival", "queued", "first_scheduled", 
 
 
 class _ReplicaWriter:
-    """The writer a replica's TraceRecorder sees: stamps `replica` on each row, shares one directory."""
+    """The writer a replica's TraceRecorder sees: stamps `replica` on each row, shares one directory.
+
+    The recorder appends straight to the shared writer's buffers (no dict per row); the replica column,
+    which the recorder does not know, is stamped on those rows after each of this replica's steps."""
+
+    _STAMPED = ("decisions", "block_events", "steps")
 
     def __init__(self, writer: TraceWriter, index: int) -> None:
         self.writer, self.index = writer, index
+
+    def buffer(self, table: str) -> dict[str, list[Any]]:
+        return self.writer.buffer(table)
+
+    def row_buffer(self, table: str) -> list[tuple]:
+        return self.writer.row_buffer(table)
 
     def write_rows(self, table: str, rows: list[dict[str, Any]]) -> None:
         for row in rows:
             row[REPLICA_COLUMN] = self.index
         self.writer.write_rows(table, rows)
 
+    def _stamp(self) -> None:
+        """Every row appended since the last stamp is this replica's: one replica records at a time."""
+        w = self.writer
+        for table in self._STAMPED:
+            cols = w.buffer(table)
+            stamp = cols[REPLICA_COLUMN]
+            missing = len(cols["step"]) + len(w.row_buffer(table)) - len(stamp)
+            if missing > 0:
+                stamp.extend([self.index] * missing)
+
     def flush(self) -> None:
+        self._stamp()
         self.writer.flush()
 
     def close(self, compact: bool = True, **final_meta: Any) -> None:
-        """The cluster closes the shared writer once, after every replica."""
+        """The cluster closes the shared writer once, after every replica; the rows this replica's
+        recorder wrote at its close still get their stamp."""
+        self._stamp()
 
 
 class Replica:
@@ -119,7 +143,7 @@ class Replica:
                 else:
                     self.live[req.request_id] = req
         self.inbox.clear()
-        if not cycle.has_work():
+        if not (self.scheduler.running or cycle.has_work()):
             return None
         so = cycle.begin()
         self.busy = True
@@ -160,7 +184,8 @@ class Cluster:
 
     def __init__(self, num_replicas: int, scheduler_config: SchedulerConfig, cache_config: CacheConfig,
                  cost_model: CostModel, router: Router | str = "round_robin", trace_dir: str | Path | None = None,
-                 meta: dict[str, Any] | None = None, seed: int = 0, vocab_size: int = 32000) -> None:
+                 meta: dict[str, Any] | None = None, seed: int = 0, vocab_size: int = 32000,
+                 trace_level: str = "full") -> None:
         if num_replicas < 1:
             raise ValueError(f"replicas: must be >= 1, got {num_replicas}")
         self.now = 0.0
@@ -176,16 +201,16 @@ class Cluster:
         self.writer: TraceWriter | None = None
         if self.trace_dir is not None:
             full = {"source": "sim", **(meta or {}), "cost_model": {"name": cost_model.name, **cost_model.describe()},
-                    "seed": seed, "cluster": {"replicas": num_replicas, "router": self.router.name,
-                                              "replica_column": REPLICA_COLUMN,
-                                              "kv_blocks_per_replica": cache_config.num_gpu_blocks}}
+                    "seed": seed, "trace_level": trace_level,
+                    "cluster": {"replicas": num_replicas, "router": self.router.name, "replica_column": REPLICA_COLUMN,
+                                "kv_blocks_per_replica": cache_config.num_gpu_blocks}}
             full.setdefault("config", {}).update(
                 {"scheduler": scheduler_config.to_dict(), "cache": cache_config.to_dict()})
             self.writer = TraceWriter(self.trace_dir, full, flush_every=1024, extra_int_columns=(REPLICA_COLUMN,))
             for r in self.replicas:
                 # Cluster-wide step numbers would make per-replica snapshots land at random steps: keep only step 0's.
                 r.recorder = TraceRecorder(_ReplicaWriter(self.writer, r.index), r.scheduler,
-                                           snapshot_every=1 << 62)
+                                           snapshot_every=1 << 62, trace_level=trace_level)
                 r.cycle.recorder = CycleRecorder(r.recorder)
 
     def clock(self) -> float:

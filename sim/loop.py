@@ -93,7 +93,7 @@ class Simulator:
     def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig, cost_model: CostModel,
                  trace_dir: str | Path, meta: dict[str, Any] | None = None, seed: int = 0,
                  vocab_size: int = 32000, follow_recorded: bool = False, flush_every: int = 1024,
-                 snapshot_every: int | None = None) -> None:
+                 snapshot_every: int | None = None, trace_level: str = "full") -> None:
         self.now = 0.0
         self.cost_model = cost_model
         self.scheduler = make_scheduler(scheduler_config, cache_config, clock=self.clock)
@@ -108,7 +108,7 @@ class Simulator:
         # A snapshot lists every held or cached block, up to the whole pool: space them out in proportion
         # to the pool so they add at most half a row per step (the engine's 1024 is for small pools).
         every = snapshot_every or max(1024, 2 * cache_config.num_gpu_blocks)
-        self.recorder = TraceRecorder(self.writer, self.scheduler, snapshot_every=every)
+        self.recorder = TraceRecorder(self.writer, self.scheduler, snapshot_every=every, trace_level=trace_level)
         self.cycle = StepCycle(self.scheduler, self.runner, self.clock, CycleRecorder(self.recorder, cost_model),
                                batch_queue_size=2 if scheduler_config.async_scheduling else 1)
         self.num_added = 0
@@ -178,7 +178,7 @@ class Simulator:
                 add(nxt)
                 nxt = next(stream, None)
             self.now = start
-            if not cycle.has_work():
+            if not (sched.running or cycle.has_work()):  # anything running is work: skip the queue checks
                 if nxt is None:
                     return
                 self.now = max(start, nxt.add_time)

@@ -15,6 +15,9 @@ from engine.core.request import Request
 from engine.core.sched_output import SchedulerOutput
 
 FIRST_TOKEN_ID = 3  # leave the special ids (BOS/EOS/PAD) alone, as the workloads do
+_MULTIPLIER = 2654435761  # Knuth's multiplicative hash: consecutive positions land far apart
+# What a partial prefill samples; one shared list, since the scheduler only reads sampled tokens.
+_NOTHING: list[int] = []
 
 
 class FakeModelRunner:
@@ -49,12 +52,18 @@ class FakeModelRunner:
         """One token for each request whose prompt is now computed (its recorded one when known), none
         for a partial prefill; the scheduler applies them in its own order, so row order is free."""
         ids = list(so.num_scheduled_tokens)
-        recorded, base, span = self._recorded, self._base, self.span
+        base, span = self._base, self.span
+        recorded = self._recorded
+        if not recorded:  # a generated workload: every token comes from the hash, one comprehension
+            return ModelRunnerOutput(ids, [
+                _NOTHING if (req := requests[rid]).is_prefill_chunk
+                else [FIRST_TOKEN_ID + (base[rid] + (req.num_computed_tokens - len(req.prompt_token_ids))
+                                        * _MULTIPLIER) % span] for rid in ids])
         sampled: list[list[int]] = []
         for rid in ids:
             req = requests[rid]
             if req.is_prefill_chunk:
-                sampled.append([])
+                sampled.append(_NOTHING)
                 continue
             # The sampled token's output position; under async scheduling the computed count already
             # includes the placeholders of steps in flight.
@@ -63,5 +72,5 @@ class FakeModelRunner:
             if rec is not None and pos < len(rec):
                 sampled.append([rec[pos]])
             else:
-                sampled.append([FIRST_TOKEN_ID + (base[rid] + pos * 2654435761) % span])
+                sampled.append([FIRST_TOKEN_ID + (base[rid] + pos * _MULTIPLIER) % span])
         return ModelRunnerOutput(ids, sampled)

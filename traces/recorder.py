@@ -18,17 +18,12 @@ from traces.writer import TraceWriter
 # requests only (per-request metrics, for sweeps).
 TRACE_LEVELS = ("full", "steps", "none")
 _NO_BLOCKS: tuple[int, ...] = ()
+_NO_STOP = (None, None, None, None)
+_STEP_ROW = STEP_COLUMNS + OPTIONAL_COLUMNS["steps"]  # a steps row tuple's fields
 
 
 def _t(value: float | None, t0: float) -> float | None:
     return None if value is None else value - t0
-
-
-def _admission_columns(stop: tuple[str, str, int, int]) -> dict[str, Any]:
-    """The steps table's OPTIONAL_COLUMNS: why the waiting queue stopped being admitted."""
-    rid, reason, needed, available = stop
-    return {"admission_blocked": reason, "admission_blocked_request": rid,
-            "admission_needed": needed, "admission_available": available}
 
 
 def _set_on_last_row(cols: dict[str, list[Any]], values: dict[str, Any]) -> None:
@@ -56,14 +51,17 @@ class TraceRecorder:
         # Columns go straight into the writer's buffers; a writer that takes only rows (a wrapper such as
         # a cluster replica's) gets this step's columns as rows after each step.
         self._direct = hasattr(writer, "buffer")
-        names = ("decisions", "steps", "block_events")
+        names = ("decisions", "block_events")
         self._tables = ({t: writer.buffer(t) for t in names} if self._direct
                         else {t: {c: [] for c in TABLES[t] + OPTIONAL_COLUMNS.get(t, ())} for t in names})
         self._decisions = self._tables["decisions"]
-        self._step_cols = [self._tables["steps"][c] for c in STEP_COLUMNS]
+        # A steps row is one tuple (STEP_COLUMNS, then the admission columns): a row per simulated step.
+        self._step_rows: list[tuple] = writer.row_buffer("steps") if self._direct else []
         self._event_cols = [self._tables["block_events"][c] for c in BLOCK_EVENT_COLUMNS]
         self._pending_decisions: list[tuple] = []
         self._pending_requests: list[dict[str, Any]] = []
+        # Rows of the common all-decode step that do not depend on the step, by row count.
+        self._decode_consts: dict[int, tuple[list, ...]] = {}
         self.set_trace_level(trace_level)
 
     def set_trace_level(self, level: str) -> None:
@@ -105,7 +103,7 @@ class TraceRecorder:
         """Record the step; returns the requests that finished in it."""
         step = self.step
         finished: list[Request] = []
-        requests, self._pending_requests = self._pending_requests, []
+        requests = self._pending_requests
         full = self._full
         if full:
             self._schedule_decisions(so, step)
@@ -124,21 +122,23 @@ class TraceRecorder:
         writer = self.writer
         if requests:
             writer.write_rows("requests", requests)
+            self._pending_requests = []
         if full:
-            self._block_events(step)
+            if self.kv.events:
+                self._block_events(step)
             if step % self.snapshot_every == 0:
                 writer.write_rows("block_snapshots", self.block_snapshot(step))
         if self._steps:
-            sched, pool = self.scheduler, self.kv.block_pool
+            sched, pool, t0 = self.scheduler, self.kv.block_pool, self.t0
             num_usable = pool.num_usable_blocks
-            for col, value in zip(self._step_cols, (
-                    step, start - self.t0, end - self.t0, so.num_prefill_tokens, so.num_decode_tokens,
-                    so.total_num_scheduled_tokens, len(sched.running), len(sched.waiting), len(so.preempted_req_ids),
-                    num_usable - pool.get_num_free_blocks(), num_usable, so.prefix_hit_tokens,
-                    len(so.scheduled_new_reqs), num_finished, schedule_time, execute_time, sample_time)):
-                col.append(value)
-            if so.admission_stop is not None:
-                _set_on_last_row(self._tables["steps"], _admission_columns(so.admission_stop))
+            stop = so.admission_stop  # OPTIONAL_COLUMNS["steps"]: why the waiting queue stopped being admitted
+            rid, reason, needed, available = _NO_STOP if stop is None else stop
+            self._step_rows.append((
+                step, start - t0, end - t0, so.num_prefill_tokens, so.num_decode_tokens,
+                so.total_num_scheduled_tokens, len(sched.running), len(sched.waiting), len(so.preempted_req_ids),
+                num_usable - pool.get_num_free_blocks(), num_usable, so.prefix_hit_tokens,
+                len(so.scheduled_new_reqs), num_finished, schedule_time, execute_time, sample_time,
+                reason, rid, needed, available))
         if not self._direct:
             self._rows_to_writer()
         writer.flush()
@@ -167,20 +167,30 @@ class TraceRecorder:
             resumed = cached.resumed_from_preemption
             d["step"].extend([step] * n)
             d["request_id"].extend(rids)
-            d["event"].extend(["schedule"] * n)
             if len(decodes) == n and so.num_decode_tokens == n:
-                # The common step: every running request decodes exactly one token.
-                d["num_tokens"].extend([1] * n)
-                d["phase"].extend(["decode"] * n)
+                # The common step: every running request decodes exactly one token (none was resumed).
+                consts = self._decode_consts.get(n)
+                if consts is None:
+                    consts = self._decode_consts[n] = (["schedule"] * n, [1] * n, ["decode"] * n, [0] * n,
+                                                       [_NO_BLOCKS] * n, [None] * n)
+                schedule, ones, phase, zeros, no_blocks, nones = consts
+                d["event"].extend(schedule)
+                d["num_tokens"].extend(ones)
+                d["phase"].extend(phase)
+                d["num_computed_tokens"].extend(computed)
+                d["prefix_hit_tokens"].extend(zeros)
+                d["blocks_gained"].extend(cached.new_block_ids)
+                d["blocks_freed"].extend(no_blocks)
+                d["finish_reason"].extend(nones)
             else:
+                d["event"].extend(["schedule"] * n)
                 d["num_tokens"].extend([num_tokens[r] for r in rids])
                 d["phase"].extend(["decode" if r in decodes else "prefill" for r in rids])
-            d["num_computed_tokens"].extend(computed)
-            d["prefix_hit_tokens"].extend([c if r else 0 for c, r in zip(computed, resumed)]
-                                          if any(resumed) else [0] * n)
-            d["blocks_gained"].extend(cached.new_block_ids)
-            d["blocks_freed"].extend([_NO_BLOCKS] * n)
-            d["finish_reason"].extend([None] * n)
+                d["num_computed_tokens"].extend(computed)
+                d["prefix_hit_tokens"].extend([c if r else 0 for c, r in zip(computed, resumed)])
+                d["blocks_gained"].extend(cached.new_block_ids)
+                d["blocks_freed"].extend([_NO_BLOCKS] * n)
+                d["finish_reason"].extend([None] * n)
         for rid in so.preempted_req_ids:
             self._decision(step, rid, "preempt", so.preempted_block_ids[rid], None)
             if so.preempted_for and rid in so.preempted_for:  # whom the preemption served
@@ -196,7 +206,7 @@ class TraceRecorder:
 
     def _rows_to_writer(self) -> None:
         """For a writer that takes only rows: this step's columns as rows, decisions and events first."""
-        for table in ("decisions", "block_events", "steps"):
+        for table in ("decisions", "block_events"):
             cols = self._tables[table]
             if cols["step"]:
                 for values in cols.values():  # sparse optional columns end short
@@ -204,6 +214,9 @@ class TraceRecorder:
                 self.writer.write_rows(table, [dict(zip(cols, row)) for row in zip(*cols.values())])
                 for values in cols.values():
                     values.clear()
+        if self._step_rows:
+            self.writer.write_rows("steps", [dict(zip(_STEP_ROW, row)) for row in self._step_rows])
+            self._step_rows.clear()
 
     def _block_events(self, step: int) -> None:
         events = self.kv.events
