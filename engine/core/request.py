@@ -144,3 +144,13 @@ def check_stop(req: Request, max_model_len: int) -> bool:
         req.status = RequestStatus.FINISHED_LENGTH_CAPPED
         return True
     return False
+
+
+def append_output_tokens(req: Request, new_ids: list[int], max_model_len: int) -> tuple[list[int], bool]:
+    """Append sampled tokens up to the first that stops the request; returns the kept tokens and whether
+    it stopped (several tokens per step come from speculative decoding or a replayed trace)."""
+    for k, tok in enumerate(new_ids):
+        req.append_output_token_ids(tok)
+        if check_stop(req, max_model_len):
+            return new_ids[:k + 1], True
+    return new_ids, False

@@ -18,7 +18,7 @@ from engine.core.block_pool import KVCacheBlock
 from engine.core.config import CacheConfig, SchedulerConfig
 from engine.core.kv_cache_manager import KVCacheManager
 from engine.core.outputs import EngineCoreOutput, EngineCoreOutputs, ModelRunnerOutput, SchedulerStats
-from engine.core.request import Request, RequestStatus, check_stop
+from engine.core.request import Request, RequestStatus, append_output_tokens, check_stop
 from engine.core.request_queue import create_request_queue
 from engine.core.sched_output import SchedulerOutput, make_scheduler_output
 
@@ -28,6 +28,8 @@ from engine.core.sched_output import SchedulerOutput, make_scheduler_output
 
 class Scheduler:
     """Decides, each step, which requests compute how many tokens; shared verbatim by engine and simulator."""
+
+    has_placeholders = False  # True in AsyncScheduler: sampled tokens settle output placeholders
 
     def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -269,12 +271,17 @@ class Scheduler:
         stopped_running: set[Request] = set()
         stopped_waiting: set[Request] = set()
         requests = self.requests
-        running_status = RequestStatus.RUNNING
-        update_request = self._update_request_with_output
+        max_model_len = self.max_model_len
+        has_placeholders = self.has_placeholders
+        num_scheduled = scheduler_output.num_scheduled_tokens
         # Walk the requests in the scheduler's own order, not the runner's batch order, so that finishes
-        # (and so the free queue) never depend on how a runner arranges its batch.
-        sampled = dict(zip(model_runner_output.req_ids, model_runner_output.sampled_token_ids))
-        for req_id, num_tokens in scheduler_output.num_scheduled_tokens.items():
+        # (and so the free queue) never depend on how a runner arranges its batch. Runners that keep the
+        # scheduler's order (the simulator's) skip the reordering.
+        sampled = model_runner_output.sampled_token_ids
+        if model_runner_output.req_ids != list(num_scheduled):
+            by_id = dict(zip(model_runner_output.req_ids, sampled))
+            sampled = [by_id.get(req_id) for req_id in num_scheduled]
+        for (req_id, num_tokens), new_ids in zip(num_scheduled.items(), sampled):
             req = requests.get(req_id)
             if req is None:
                 continue  # finished (or aborted) while this step was in flight
@@ -282,20 +289,31 @@ class Scheduler:
             stale = req.num_stale_output_tokens > 0
             if stale:
                 req.num_stale_output_tokens -= num_tokens
-            new_ids = sampled.get(req_id)
             if not new_ids:
                 continue
             status_before = req.status
             if req.first_token_time is None:
                 req.first_token_time = now
-            new_ids, done = update_request(req, new_ids, stale, status_before)
-            out = EngineCoreOutput(req_id, new_ids)  # the fewer arguments, the cheaper the dataclass init
-            if req.num_cached_tokens > 0:
-                out.num_cached_tokens = req.num_cached_tokens
-            if logprobs:
-                out.new_logprobs = logprobs.get(req_id)
+            if len(new_ids) == 1:  # the common case, inline: one token, which most often stops nothing
+                tok = new_ids[0]
+                req.output_token_ids.append(tok)
+                all_ids = req.all_token_ids
+                all_ids.append(tok)
+                if req.block_size and len(all_ids) % req.block_size == 0:
+                    req.update_block_hashes()
+                params = req.sampling_params
+                done = not (len(all_ids) < max_model_len and len(req.output_token_ids) < req.max_tokens
+                            and (params.ignore_eos or tok != req.eos_token_id)
+                            and tok not in params.stop_token_ids) and check_stop(req, max_model_len)
+            else:
+                new_ids, done = append_output_tokens(req, new_ids, max_model_len)
+            if has_placeholders:
+                self._settle_placeholders(req, len(new_ids), stale, status_before)
+            # num_cached_tokens is set (>= 0) when a request is first admitted, before it can sample.
+            out = EngineCoreOutput(req_id, new_ids, None, None, req.num_cached_tokens,
+                                   logprobs.get(req_id) if logprobs else None)
             if done:
-                (stopped_running if status_before == running_status else stopped_waiting).add(req)
+                (stopped_running if status_before == RequestStatus.RUNNING else stopped_waiting).add(req)
                 out.finish_reason = req.get_finish_reason()
                 out.stop_reason = req.stop_reason
                 out.freed_block_ids = self._finish(req, now)
@@ -309,28 +327,8 @@ class Scheduler:
         self._rejected.clear()
         return EngineCoreOutputs(outputs, self.make_stats())
 
-    def _update_request_with_output(self, req: Request, new_ids: list[int], stale: bool,
-                                    status_before: RequestStatus) -> tuple[list[int], bool]:
-        """Append the sampled tokens up to the first stop; returns the kept tokens and whether it stopped."""
-        if len(new_ids) == 1:
-            tok = new_ids[0]
-            req.output_token_ids.append(tok)
-            all_ids = req.all_token_ids
-            all_ids.append(tok)
-            num_tokens = len(all_ids)
-            if req.block_size and num_tokens % req.block_size == 0:
-                req.update_block_hashes()
-            # Most tokens cannot stop anything: skip the full check unless this one might.
-            params = req.sampling_params
-            if (num_tokens < self.max_model_len and len(req.output_token_ids) < req.max_tokens
-                    and (params.ignore_eos or tok != req.eos_token_id) and tok not in params.stop_token_ids):
-                return new_ids, False
-            return new_ids, check_stop(req, self.max_model_len)
-        for k, tok in enumerate(new_ids):
-            req.append_output_token_ids(tok)
-            if check_stop(req, self.max_model_len):
-                return new_ids[:k + 1], True
-        return new_ids, False
+    def _settle_placeholders(self, req: Request, num_new: int, stale: bool, status_before: RequestStatus) -> None:
+        """Async scheduling only (see AsyncScheduler): sampled tokens replace output placeholders."""
 
     def _finish(self, req: Request, now: float) -> list[int]:
         req.finished_time = now
