@@ -13,20 +13,11 @@ from collections.abc import Callable
 
 from engine.core.config import CacheConfig, SchedulerConfig
 from engine.core.request import Request, RequestStatus
-from engine.core.sched_output import SchedulerOutput
 from engine.core.scheduler import Scheduler
 
 
 class AsyncScheduler(Scheduler):
     has_placeholders = True
-
-    def _update_after_schedule(self, scheduler_output: SchedulerOutput) -> None:
-        super()._update_after_schedule(scheduler_output)
-        requests = self.requests
-        for req_id in scheduler_output.num_scheduled_tokens:
-            req = requests[req_id]
-            if not req.is_prefill_chunk:
-                req.num_output_placeholders += 1
 
     def _settle_placeholders(self, req: Request, num_new: int, stale: bool, status_before: RequestStatus) -> None:
         if not stale:  # a preemption already dropped the placeholders of steps in flight

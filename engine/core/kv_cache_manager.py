@@ -55,6 +55,9 @@ class KVCacheManager:
         self.watermark_blocks = int(watermark * num_blocks)
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
         self.num_cached_block: dict[str, int] = {}
+        # Per request, how many computed tokens its held blocks take with no block allocated and none
+        # filled for publishing: one lookup tells the scheduler a decode needs no allocate_slots.
+        self.slot_limit: dict[str, int] = {}
         self.prefix_cache_stats = PrefixCacheStats()
         self.events: list[tuple] | None = None
         # Why the last allocate_slots returned None: (whole-sequence check, blocks needed, blocks free).
@@ -145,7 +148,14 @@ class KVCacheManager:
                 events.append(("new", rid, [b.block_id for b in new_blocks], None))
         if self.enable_caching:
             self._cache_blocks(request, req_blocks, min(num_computed + num_new_tokens, request.num_tokens))
+        self._set_slot_limit(rid, len(req_blocks))
         return new_blocks
+
+    def _set_slot_limit(self, request_id: str, num_blocks: int) -> None:
+        limit = num_blocks * self.block_size
+        if self.enable_caching:  # the next block to fill must be published when its last slot is computed
+            limit = min(limit, (self.num_cached_block[request_id] + 1) * self.block_size - 1)
+        self.slot_limit[request_id] = limit
 
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
         """Publish the request's blocks filled up to `num_computed_tokens` (async scheduling calls this
@@ -161,6 +171,7 @@ class KVCacheManager:
         if num_full > num_cached:
             newly = self.block_pool.cache_full_blocks(req_blocks, request.block_hashes, num_cached, num_full)
             self.num_cached_block[request.request_id] = num_full
+            self._set_slot_limit(request.request_id, len(req_blocks))
             if newly and self.events is not None:
                 self.events.append(("cache", request.request_id, [b.block_id for b in newly],
                                     [b.block_hash.hex() for b in newly]))
@@ -174,6 +185,7 @@ class KVCacheManager:
         """
         blocks = self.req_to_blocks.pop(request.request_id, None)
         self.num_cached_block.pop(request.request_id, None)
+        self.slot_limit.pop(request.request_id, None)
         if not blocks:
             return []
         self.block_pool.free_blocks(reversed(blocks))

@@ -14,17 +14,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 
-from engine.core.block_pool import KVCacheBlock
 from engine.core.config import CacheConfig, SchedulerConfig
 from engine.core.kv_cache_manager import KVCacheManager
 from engine.core.outputs import EngineCoreOutput, EngineCoreOutputs, ModelRunnerOutput, SchedulerStats
 from engine.core.request import Request, RequestStatus, append_output_tokens, check_stop
 from engine.core.request_queue import create_request_queue
-from engine.core.sched_output import SchedulerOutput, make_scheduler_output
-
-# Shared by every request that gains no block in a step; readers never mutate new_block_ids entries,
-# and one list instead of one per decode keeps the garbage collector's young generation small.
-
+from engine.core.sched_output import NO_BLOCK_IDS, CachedRequestData, NewRequestData, SchedulerOutput
 
 class Scheduler:
     """Decides, each step, which requests compute how many tokens; shared verbatim by engine and simulator."""
@@ -97,24 +92,39 @@ class Scheduler:
 
     # ---- one step --------------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
+        """Running requests first, in order, then waiting ones; each scheduled request is advanced past its
+        tokens at once (the output keeps the counts before), so the next step can follow at once."""
         now = self.clock()
-        kv = self.kv_cache_manager
-        budget = self.max_num_scheduled_tokens
-        running = self.running
+        out = SchedulerOutput([], CachedRequestData(), {}, 0, self._take_finished_req_ids())
         # vLLM 0.32: the long-prefill cap only applies when another request could use the budget.
-        threshold = self.long_prefill_token_threshold if len(running) + len(self.waiting) > 1 else 0
-        max_model_len = self.max_model_len
-        block_size = self.block_size
-        caching = kv.enable_caching
-        req_to_blocks, num_cached_block = kv.req_to_blocks, kv.num_cached_block
-        num_scheduled: dict[str, int] = {}
-        new_blocks_of: dict[str, list[KVCacheBlock]] = {}  # only requests that gained blocks
-        scheduled_running: list[Request] = []
-        preempted: list[Request] = []
-        preempted_block_ids: dict[str, list[int]] = {}
-        preempted_for = None
-        admission_stop = None
+        threshold = self.long_prefill_token_threshold if len(self.running) + len(self.waiting) > 1 else 0
+        budget = self._schedule_running(out, self.max_num_scheduled_tokens, threshold)
+        num_running = len(out.scheduled_cached_reqs.req_ids)
+        cached = out.scheduled_cached_reqs
+        cached.resumed_from_preemption, cached.resumed_token_ids = [False] * num_running, [None] * num_running
+        if out.preempted_req_ids:  # a step that preempts admits nobody
+            if self.waiting:
+                out.admission_stop = (self.waiting.peek_request().request_id, "preempted", 0, 0)
+        else:
+            budget = self._schedule_waiting(out, budget, threshold, now)
+        out.total_num_scheduled_tokens = self.max_num_scheduled_tokens - budget
+        out.num_decode_tokens = len(out.decode_req_ids)  # a decode is scheduled its one token left
+        out.num_prefill_tokens = out.total_num_scheduled_tokens - out.num_decode_tokens
+        self._num_preempted_last_step = len(out.preempted_req_ids)
+        return out
 
+    def _schedule_running(self, out: SchedulerOutput, budget: int, threshold: int) -> int:
+        """Give each running request the tokens it has left, as far as the budget goes, preempting from
+        the back of the line when a block is short; returns the budget left."""
+        kv = self.kv_cache_manager
+        running = self.running
+        max_model_len = self.max_model_len
+        has_placeholders = self.has_placeholders
+        slot_limit = kv.slot_limit.get
+        num_scheduled = out.num_scheduled_tokens
+        cached = out.scheduled_cached_reqs
+        run_ids, run_computed, run_block_ids = cached.req_ids, cached.num_computed_tokens, cached.new_block_ids
+        decode_ids = out.decode_req_ids
         i = 0
         while i < len(running) and budget > 0:
             req = running[i]
@@ -123,9 +133,8 @@ class Scheduler:
             if placeholders and computed + 2 - placeholders >= req.num_prompt_tokens + req.max_tokens:
                 i += 1  # async: the step in flight already reaches max_tokens
                 continue
-            n = len(req.all_token_ids) + placeholders - computed
-            if 0 < threshold < n:
-                n = threshold
+            left = len(req.all_token_ids) + placeholders - computed
+            n = threshold if 0 < threshold < left else left
             if n > budget:
                 n = budget
             # Room for the token this step samples (vLLM 0.32: max_model_len - computed - 1).
@@ -134,110 +143,120 @@ class Scheduler:
             if n <= 0:
                 i += 1
                 continue
-            # Inlined decode fast path of allocate_slots: the held blocks have room and no block fills
-            # up, so there is nothing to allocate or publish.
-            end = computed + n
             rid = req.request_id
-            held = req_to_blocks.get(rid)
-            if (held is not None and len(held) * block_size >= end
-                    and (not caching or end // block_size <= num_cached_block[rid])):
-                scheduled_running.append(req)
-                num_scheduled[rid] = n
-                budget -= n
-                i += 1
-                continue
-            while (new_blocks := kv.allocate_slots(req, n)) is None:
-                victim = self._pick_victim()
-                if preempted_for is None:
-                    preempted_for = {}
-                preempted_for[victim.request_id] = (req.request_id, *kv.last_shortfall[1:])
-                victim_index = running.index(victim)
-                del running[victim_index]
-                if victim_index < i:
-                    i -= 1
-                if victim.request_id in num_scheduled:
-                    budget += num_scheduled.pop(victim.request_id)
-                    new_blocks_of.pop(victim.request_id, None)
-                    scheduled_running.remove(victim)
-                preempted_block_ids[victim.request_id] = self._preempt(victim)
-                preempted.append(victim)
-                if victim is req:
+            end = computed + n
+            if end <= slot_limit(rid, 0):  # the held blocks have room and none fills up: nothing to do
+                block_ids = NO_BLOCK_IDS
+            else:
+                while (new_blocks := kv.allocate_slots(req, n)) is None:
+                    victim = self._pick_victim()
+                    victim_index = running.index(victim)
+                    del running[victim_index]
+                    if victim_index < i:
+                        i -= 1
+                    budget += self._preempt_in_step(victim, req, out)
+                    if victim is req:
+                        break
+                if new_blocks is None:
                     break
-            if new_blocks is None:
-                break
-            scheduled_running.append(req)
-            if new_blocks:
-                new_blocks_of[req.request_id] = new_blocks
-            num_scheduled[req.request_id] = n
+                block_ids = [b.block_id for b in new_blocks] if new_blocks else NO_BLOCK_IDS
+            run_ids.append(rid)
+            run_computed.append(computed)
+            run_block_ids.append(block_ids)
+            num_scheduled[rid] = n
+            # A decode computes the one token after everything computed so far, and it is an output token.
+            if left == 1 and (placeholders or req.output_token_ids):
+                decode_ids.add(rid)
+            req.num_computed_tokens = end
+            req.num_in_flight_tokens += n
+            if end < computed + left:
+                req.is_prefill_chunk = True
+            else:
+                req.is_prefill_chunk = False
+                if has_placeholders:
+                    req.num_output_placeholders = placeholders + 1
             budget -= n
             i += 1
+        return budget
 
-        scheduled_new: list[Request] = []
-        scheduled_resumed: list[Request] = []
-        prefix_hit_tokens = 0
-        if preempted:
-            if self.waiting:
-                admission_stop = (self.waiting.peek_request().request_id, "preempted", 0, 0)
-        else:
-            waiting = self.waiting
-            skipped: list[Request] = []
-            while waiting and budget > 0 and len(running) < self.max_num_running_reqs:
-                req = waiting.peek_request()
-                if req.num_stale_output_tokens:
-                    skipped.append(waiting.pop_request())  # async: its pre-preemption output is still due
-                    continue
-                hit_blocks, num_hit = kv.get_computed_blocks(req)
-                n = req.num_tokens - num_hit
-                if 0 < threshold < n:
-                    n = threshold
-                if not self.enable_chunked_prefill and n > budget:
-                    admission_stop = (req.request_id, "no_chunk", n, budget)
-                    break
-                n = min(n, budget)
-                new_blocks = kv.allocate_slots(req, n, num_hit, hit_blocks,
-                                               full_sequence_must_fit=self.reserve_full_isl,
-                                               has_scheduled_reqs=bool(running))
-                if new_blocks is None:
-                    whole, need, free = kv.last_shortfall
-                    admission_stop = (req.request_id, "full_sequence" if whole else "kv_short", need, free)
-                    break
-                waiting.pop_request()
-                running.append(req)
-                kv.record_prefix_hit(req, num_hit)
-                (scheduled_resumed if req.status == RequestStatus.PREEMPTED else scheduled_new).append(req)
-                req.status = RequestStatus.RUNNING
-                req.num_computed_tokens = num_hit
-                if req.num_cached_tokens < 0:
-                    req.num_cached_tokens = num_hit
-                if req.first_scheduled_time is None:
-                    req.first_scheduled_time = now
-                num_scheduled[req.request_id] = n
-                budget -= n
-                prefix_hit_tokens += num_hit
+    def _schedule_waiting(self, out: SchedulerOutput, budget: int, threshold: int, now: float) -> int:
+        """Admit waiting requests in queue order while the budget, the seats and the blocks allow; the
+        first that does not fit stops admission (out.admission_stop says why). Returns the budget left."""
+        kv = self.kv_cache_manager
+        waiting = self.waiting
+        running = self.running
+        cached = out.scheduled_cached_reqs
+        skipped: list[Request] = []
+        while waiting and budget > 0 and len(running) < self.max_num_running_reqs:
+            req = waiting.peek_request()
+            if req.num_stale_output_tokens:
+                skipped.append(waiting.pop_request())  # async: its pre-preemption output is still due
+                continue
+            hit_blocks, num_hit = kv.get_computed_blocks(req)
+            n = req.num_tokens - num_hit
+            if 0 < threshold < n:
+                n = threshold
+            if not self.enable_chunked_prefill and n > budget:
+                out.admission_stop = (req.request_id, "no_chunk", n, budget)
+                break
+            n = min(n, budget)
+            new_blocks = kv.allocate_slots(req, n, num_hit, hit_blocks, full_sequence_must_fit=self.reserve_full_isl,
+                                           has_scheduled_reqs=bool(running))
+            if new_blocks is None:
+                whole, need, free = kv.last_shortfall
+                out.admission_stop = (req.request_id, "full_sequence" if whole else "kv_short", need, free)
+                break
+            waiting.pop_request()
+            running.append(req)
+            kv.record_prefix_hit(req, num_hit)
+            rid = req.request_id
+            if req.status == RequestStatus.PREEMPTED:
+                cached.req_ids.append(rid)
+                cached.resumed_from_preemption.append(True)
+                cached.resumed_token_ids.append(list(req.all_token_ids))
+                cached.new_block_ids.append(kv.get_block_ids(rid))
+                cached.num_computed_tokens.append(num_hit)
             else:
-                if waiting:  # the loop's own condition ended it: budget spent or every seat taken
-                    admission_stop = (waiting.peek_request().request_id,
-                                      "token_budget" if budget <= 0 else "max_num_seqs", 0, 0)
-            if skipped:
-                waiting.prepend_requests(skipped)
-
-        out = make_scheduler_output(self.kv_cache_manager, scheduled_new, scheduled_resumed, scheduled_running,
-                                    new_blocks_of, num_scheduled, preempted, preempted_block_ids, prefix_hit_tokens,
-                                    self._take_finished_req_ids())
-        if admission_stop is not None or preempted_for is not None:
-            out.admission_stop, out.preempted_for = admission_stop, preempted_for
-        self._num_preempted_last_step = len(preempted)
-        self._update_after_schedule(out)
-        return out
-
-    def _update_after_schedule(self, scheduler_output: SchedulerOutput) -> None:
-        """Advance each scheduled request past this step's tokens, so the next step can follow at once."""
-        requests = self.requests
-        for req_id, n in scheduler_output.num_scheduled_tokens.items():
-            req = requests[req_id]
-            computed = req.num_computed_tokens = req.num_computed_tokens + n
+                out.scheduled_new_reqs.append(NewRequestData(rid, req.prompt_token_ids, req.sampling_params,
+                                                             kv.get_block_ids(rid), num_hit, req.eos_token_id))
+            req.status = RequestStatus.RUNNING
+            if req.num_cached_tokens < 0:
+                req.num_cached_tokens = num_hit
+            if req.first_scheduled_time is None:
+                req.first_scheduled_time = now
+            out.num_scheduled_tokens[rid] = n
+            out.prefix_hit_tokens += num_hit
+            budget -= n
+            req.num_computed_tokens = num_hit + n
             req.num_in_flight_tokens += n
-            req.is_prefill_chunk = computed < len(req.all_token_ids) + req.num_output_placeholders
+            req.is_prefill_chunk = num_hit + n < req.num_tokens + req.num_output_placeholders
+            if self.has_placeholders and not req.is_prefill_chunk:
+                req.num_output_placeholders += 1
+        else:
+            if waiting:  # the loop's own condition ended it: budget spent or every seat taken
+                out.admission_stop = (waiting.peek_request().request_id,
+                                      "token_budget" if budget <= 0 else "max_num_seqs", 0, 0)
+        if skipped:
+            waiting.prepend_requests(skipped)
+        return budget
+
+    def _preempt_in_step(self, victim: Request, for_req: Request, out: SchedulerOutput) -> int:
+        """Preempt `victim` so that `for_req` gets its blocks: note why, take back what the victim was
+        scheduled earlier in this step, and return those tokens to the budget."""
+        vid = victim.request_id
+        if out.preempted_for is None:
+            out.preempted_for = {}
+        out.preempted_for[vid] = (for_req.request_id, *self.kv_cache_manager.last_shortfall[1:])
+        n = out.num_scheduled_tokens.pop(vid, 0)
+        if n:
+            cached = out.scheduled_cached_reqs
+            k = cached.req_ids.index(vid)
+            del cached.req_ids[k], cached.num_computed_tokens[k], cached.new_block_ids[k]
+            out.decode_req_ids.discard(vid)
+            victim.num_in_flight_tokens -= n  # undo this step's advance; _preempt resets the rest
+        out.preempted_block_ids[vid] = self._preempt(victim)
+        out.preempted_req_ids.append(vid)
+        return n
 
     def _take_finished_req_ids(self) -> set[str]:
         """Requests finished since the last step, told to the workers once (the next output carries them)."""
