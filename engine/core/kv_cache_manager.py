@@ -94,6 +94,8 @@ class KVCacheManager:
         held = self.req_to_blocks.get(request_id)
         num_held = len(held) if held is not None else 0
         num_new = max(-(-num_tokens // self.block_size) - num_held - len(new_computed_blocks), 0)
+        if not new_computed_blocks:
+            return num_new
         return num_new + sum(1 for b in new_computed_blocks if b.ref_cnt == 0 and not b.is_null)
 
     def allocate_slots(self, request: Request, num_new_tokens: int, num_new_computed_tokens: int = 0,
@@ -108,13 +110,8 @@ class KVCacheManager:
         watermark holds back blocks from waiting and preempted requests while others run.
         """
         req_blocks = self.req_to_blocks.get(request.request_id)
-        if req_blocks is not None and not new_computed_blocks and not num_lookahead_tokens:
-            # The common decode case: the held blocks have room, nothing to allocate or touch.
-            end = request.num_computed_tokens + num_new_tokens
-            if len(req_blocks) * self.block_size >= min(end, self.max_model_len) and not full_sequence_must_fit:
-                if self.enable_caching and end // self.block_size > self.num_cached_block[request.request_id]:
-                    self._cache_blocks(request, req_blocks, min(end, request.num_tokens))
-                return _NO_BLOCKS
+        if req_blocks is not None and not (new_computed_blocks or num_lookahead_tokens or full_sequence_must_fit):
+            return self._grow(request, req_blocks, num_new_tokens, has_scheduled_reqs)
         hits = new_computed_blocks or _NO_BLOCKS
         pool = self.block_pool
         num_free = pool.get_num_free_blocks()
@@ -149,6 +146,30 @@ class KVCacheManager:
         if self.enable_caching:
             self._cache_blocks(request, req_blocks, min(num_computed + num_new_tokens, request.num_tokens))
         self._set_slot_limit(rid, len(req_blocks))
+        return new_blocks
+
+    def _grow(self, request: Request, req_blocks: list[KVCacheBlock], num_new_tokens: int,
+              has_scheduled_reqs: bool) -> list[KVCacheBlock] | None:
+        """allocate_slots for a request that holds blocks and takes no prefix hits (any running one): the
+        general rules reduced to new blocks for its own tokens, and the blocks they fill published."""
+        rid = request.request_id
+        end = request.num_computed_tokens + num_new_tokens
+        block_size = self.block_size
+        num_to_allocate = -(-min(end, self.max_model_len) // block_size) - len(req_blocks)
+        new_blocks = _NO_BLOCKS
+        if num_to_allocate > 0:
+            watermark = self.watermark_blocks if has_scheduled_reqs and request.status in _WAITING_STATUSES else 0
+            num_free = self.block_pool.free_block_queue.num_free_blocks
+            if num_to_allocate + watermark > num_free:
+                self.last_shortfall = (False, num_to_allocate + watermark, num_free)
+                return None
+            new_blocks = self.block_pool.get_new_blocks(num_to_allocate)
+            req_blocks.extend(new_blocks)
+            if self.events is not None:
+                self.events.append(("new", rid, [b.block_id for b in new_blocks], None))
+            self._set_slot_limit(rid, len(req_blocks))
+        if self.enable_caching and end // block_size > self.num_cached_block[rid]:
+            self._cache_blocks(request, req_blocks, min(end, request.num_tokens))
         return new_blocks
 
     def _set_slot_limit(self, request_id: str, num_blocks: int) -> None:
