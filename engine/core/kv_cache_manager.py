@@ -77,9 +77,9 @@ class KVCacheManager:
         blocks: list[KVCacheBlock] = []
         for block_hash in request.block_hashes[:max_hit_blocks]:
             same = get(block_hash)
-            if not same:
+            if same is None:
                 break
-            blocks.append(next(iter(same.values())))
+            blocks.append(same if type(same) is KVCacheBlock else next(iter(same.values())))
         return blocks, len(blocks) * self.block_size
 
     def record_prefix_hit(self, request: Request, num_hit_tokens: int) -> None:
