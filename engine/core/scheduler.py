@@ -125,14 +125,16 @@ class Scheduler:
         cached = out.scheduled_cached_reqs
         run_ids, run_computed, run_block_ids = cached.req_ids, cached.num_computed_tokens, cached.new_block_ids
         decode_ids = out.decode_req_ids
-        i = 0
-        while i < len(running) and budget > 0:
-            req = running[i]
+        preempted = out.preempted_req_ids
+        for req in running.copy():  # a preemption removes its victim from self.running, not from this copy
+            if budget <= 0:
+                break
+            if preempted and req.status != RequestStatus.RUNNING:
+                continue  # preempted earlier in this step
             computed = req.num_computed_tokens
             placeholders = req.num_output_placeholders
             if placeholders and computed + 2 - placeholders >= req.num_prompt_tokens + req.max_tokens:
-                i += 1  # async: the step in flight already reaches max_tokens
-                continue
+                continue  # async: the step in flight already reaches max_tokens
             left = len(req.all_token_ids) + placeholders - computed
             n = threshold if 0 < threshold < left else left
             if n > budget:
@@ -141,7 +143,6 @@ class Scheduler:
             if n > max_model_len - computed - 1:
                 n = max_model_len - computed - 1
             if n <= 0:
-                i += 1
                 continue
             rid = req.request_id
             end = computed + n
@@ -150,10 +151,7 @@ class Scheduler:
             else:
                 while (new_blocks := kv.allocate_slots(req, n)) is None:
                     victim = self._pick_victim()
-                    victim_index = running.index(victim)
-                    del running[victim_index]
-                    if victim_index < i:
-                        i -= 1
+                    running.remove(victim)
                     budget += self._preempt_in_step(victim, req, out)
                     if victim is req:
                         break
@@ -176,7 +174,6 @@ class Scheduler:
                 if has_placeholders:
                     req.num_output_placeholders = placeholders + 1
             budget -= n
-            i += 1
         return budget
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int, threshold: int, now: float) -> int:
