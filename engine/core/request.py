@@ -38,13 +38,14 @@ _FINISH_REASONS = {
 class Request:
     """Mutable per-request state owned by the scheduler; `block_hashes` grows as blocks fill."""
 
+    # Slots are laid out in this order: what every step reads and writes comes first, so that a step
+    # touches two cache lines per request rather than four.
     __slots__ = (
-        "request_id", "prompt_token_ids", "output_token_ids", "all_token_ids", "sampling_params",
-        "eos_token_id", "priority", "arrival_time", "cache_salt", "max_tokens", "status",
-        "num_computed_tokens", "num_cached_tokens", "num_preemptions", "block_hashes", "stop_reason",
-        "error", "block_size", "_extra_keys", "queued_time", "first_scheduled_time", "first_token_time",
-        "finished_time", "num_output_placeholders", "is_prefill_chunk", "num_in_flight_tokens",
-        "num_stale_output_tokens",
+        "request_id", "all_token_ids", "output_token_ids", "num_computed_tokens", "num_output_placeholders",
+        "num_in_flight_tokens", "num_stale_output_tokens", "is_prefill_chunk", "status", "first_token_time",
+        "block_size", "sampling_params", "max_tokens", "eos_token_id", "num_cached_tokens",
+        "prompt_token_ids", "priority", "arrival_time", "cache_salt", "num_preemptions", "block_hashes",
+        "stop_reason", "error", "_extra_keys", "queued_time", "first_scheduled_time", "finished_time",
     )
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams,

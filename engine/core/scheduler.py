@@ -157,7 +157,12 @@ class Scheduler:
                         break
                 if new_blocks is None:
                     break
-                block_ids = [b.block_id for b in new_blocks] if new_blocks else NO_BLOCK_IDS
+                if not new_blocks:
+                    block_ids = NO_BLOCK_IDS
+                elif len(new_blocks) == 1:  # a decode's one new block, without a comprehension's cost
+                    block_ids = [new_blocks[0].block_id]
+                else:
+                    block_ids = [b.block_id for b in new_blocks]
             run_ids.append(rid)
             run_computed.append(computed)
             run_block_ids.append(block_ids)
