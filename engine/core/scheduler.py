@@ -120,7 +120,7 @@ class Scheduler:
         running = self.running
         max_model_len = self.max_model_len
         has_placeholders = self.has_placeholders
-        slot_limit = kv.slot_limit.get
+        slot_limit = kv.slot_limit  # every running request holds blocks, so has an entry
         num_scheduled = out.num_scheduled_tokens
         cached = out.scheduled_cached_reqs
         run_ids, run_computed, run_block_ids = cached.req_ids, cached.num_computed_tokens, cached.new_block_ids
@@ -146,7 +146,7 @@ class Scheduler:
                 continue
             rid = req.request_id
             end = computed + n
-            if end <= slot_limit(rid, 0):  # the held blocks have room and none fills up: nothing to do
+            if end <= slot_limit[rid]:  # the held blocks have room and none fills up: nothing to do
                 block_ids = NO_BLOCK_IDS
             else:
                 while (new_blocks := kv.allocate_slots(req, n)) is None:
@@ -317,13 +317,15 @@ class Scheduler:
                 req.first_token_time = now
             if len(new_ids) == 1:  # the common case, inline: one token, which most often stops nothing
                 tok = new_ids[0]
-                req.output_token_ids.append(tok)
+                output_ids = req.output_token_ids
+                output_ids.append(tok)
                 all_ids = req.all_token_ids
                 all_ids.append(tok)
-                if req.block_size and len(all_ids) % req.block_size == 0:
+                num_tokens = len(all_ids)
+                if req.block_size and num_tokens % req.block_size == 0:
                     req.update_block_hashes()
                 params = req.sampling_params
-                done = not (len(all_ids) < max_model_len and len(req.output_token_ids) < req.max_tokens
+                done = not (num_tokens < max_model_len and len(output_ids) < req.max_tokens
                             and (params.ignore_eos or tok != req.eos_token_id)
                             and tok not in params.stop_token_ids) and check_stop(req, max_model_len)
             else:
