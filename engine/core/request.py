@@ -43,7 +43,8 @@ class Request:
     __slots__ = (
         "request_id", "all_token_ids", "output_token_ids", "num_computed_tokens", "num_output_placeholders",
         "num_in_flight_tokens", "num_stale_output_tokens", "is_prefill_chunk", "status", "first_token_time",
-        "block_size", "sampling_params", "max_tokens", "eos_token_id", "num_cached_tokens",
+        "block_size", "num_tokens_limit", "stop_token_set", "sampling_params", "max_tokens", "eos_token_id",
+        "num_cached_tokens",
         "prompt_token_ids", "priority", "arrival_time", "cache_salt", "num_preemptions", "block_hashes",
         "stop_reason", "error", "_extra_keys", "queued_time", "first_scheduled_time", "finished_time",
     )
@@ -61,6 +62,14 @@ class Request:
         self.arrival_time = arrival_time
         self.cache_salt = cache_salt
         self.max_tokens = sampling_params.max_tokens
+        # Sampled tokens that can end the request (EOS unless ignored, and the stop ids), and the length
+        # that ends it (the scheduler sets it once max_tokens is known): any other token, short of that
+        # length, cannot stop it, which spares the full stop check for most tokens.
+        may_stop = set(sampling_params.stop_token_ids)
+        if eos_token_id is not None and not sampling_params.ignore_eos:
+            may_stop.add(eos_token_id)
+        self.stop_token_set = frozenset(may_stop)
+        self.num_tokens_limit = 0
         self.status = RequestStatus.WAITING
         self.num_computed_tokens = 0
         self.num_cached_tokens = -1

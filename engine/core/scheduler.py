@@ -60,6 +60,7 @@ class Scheduler:
         request.queued_time = self.clock()
         if request.max_tokens is None:
             request.max_tokens = max(1, self.max_model_len - request.num_prompt_tokens)
+        request.num_tokens_limit = min(self.max_model_len, request.num_prompt_tokens + request.max_tokens)
         if self.cache_config.enable_prefix_caching and request.block_size != self.block_size:
             request.block_size = self.block_size
             request.block_hashes = []
@@ -317,17 +318,14 @@ class Scheduler:
                 req.first_token_time = now
             if len(new_ids) == 1:  # the common case, inline: one token, which most often stops nothing
                 tok = new_ids[0]
-                output_ids = req.output_token_ids
-                output_ids.append(tok)
+                req.output_token_ids.append(tok)
                 all_ids = req.all_token_ids
                 all_ids.append(tok)
                 num_tokens = len(all_ids)
                 if req.block_size and num_tokens % req.block_size == 0:
                     req.update_block_hashes()
-                params = req.sampling_params
-                done = not (num_tokens < max_model_len and len(output_ids) < req.max_tokens
-                            and (params.ignore_eos or tok != req.eos_token_id)
-                            and tok not in params.stop_token_ids) and check_stop(req, max_model_len)
+                done = ((num_tokens >= req.num_tokens_limit or tok in req.stop_token_set)
+                        and check_stop(req, max_model_len))
             else:
                 new_ids, done = append_output_tokens(req, new_ids, max_model_len)
             if has_placeholders:
