@@ -120,6 +120,7 @@ class Scheduler:
         kv = self.kv_cache_manager
         running = self.running
         max_model_len = self.max_model_len
+        long_prefill_cap = threshold if threshold > 0 else max_model_len
         has_placeholders = self.has_placeholders
         slot_limit = kv.slot_limit  # every running request holds blocks, so has an entry
         num_scheduled = out.num_scheduled_tokens
@@ -137,16 +138,16 @@ class Scheduler:
             if placeholders and computed + 2 - placeholders >= req.num_prompt_tokens + req.max_tokens:
                 continue  # async: the step in flight already reaches max_tokens
             left = len(req.all_token_ids) + placeholders - computed
-            n = threshold if 0 < threshold < left else left
+            n = left if left <= long_prefill_cap else long_prefill_cap
             if n > budget:
                 n = budget
-            # Room for the token this step samples (vLLM 0.32: max_model_len - computed - 1).
-            if n > max_model_len - computed - 1:
-                n = max_model_len - computed - 1
+            end = computed + n
+            if end >= max_model_len:  # room for the token this step samples (vLLM 0.32: max_model_len - computed - 1)
+                end = max_model_len - 1
+                n = end - computed
             if n <= 0:
                 continue
             rid = req.request_id
-            end = computed + n
             if end <= slot_limit[rid]:  # the held blocks have room and none fills up: nothing to do
                 block_ids = NO_BLOCK_IDS
             else:
@@ -331,8 +332,9 @@ class Scheduler:
             if has_placeholders:
                 self._settle_placeholders(req, len(new_ids), stale, status_before)
             # num_cached_tokens is set (>= 0) when a request is first admitted, before it can sample.
-            out = EngineCoreOutput(req_id, new_ids, None, None, req.num_cached_tokens,
-                                   logprobs.get(req_id) if logprobs else None)
+            out = EngineCoreOutput(req_id, new_ids, None, None, req.num_cached_tokens)
+            if logprobs:
+                out.new_logprobs = logprobs.get(req_id)
             if done:
                 (stopped_running if status_before == RequestStatus.RUNNING else stopped_waiting).add(req)
                 out.finish_reason = req.get_finish_reason()
