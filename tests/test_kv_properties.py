@@ -54,12 +54,13 @@ def check_pool(kv: KVCacheManager) -> None:
 
     table = pool.cached_block_hash_to_block
     for h, same in table.items():
-        assert same, "the cache keeps an empty entry"
-        for block_id, b in same.items():
+        by_id = same if isinstance(same, dict) else {same.block_id: same}
+        assert len(by_id) > isinstance(same, dict), "the cache keeps a dict of one block, or of none"
+        for block_id, b in by_id.items():
             assert b.block_hash == h and b.block_id == block_id, f"cache maps a hash to {b}, which has another hash"
     for b in pool.blocks:
         if b.block_hash is not None:
-            assert table.get(b.block_hash, {}).get(b.block_id) is b, f"{b} has a hash the cache does not map to it"
+            assert b in pool.cached_blocks(b.block_hash), f"{b} has a hash the cache does not map to it"
     cached_seen = False
     for b in forward:
         cached_seen |= b.block_hash is not None
@@ -76,7 +77,7 @@ def snapshot(kv: KVCacheManager) -> tuple:
     queue = pool.free_block_queue
     free = [b.block_id for b in walk(queue._head, queue._tail, "next_free_block", pool.num_blocks)]
     held = {rid: [b.block_id for b in bl] for rid, bl in kv.req_to_blocks.items()}
-    table = {h: list(same) for h, same in pool.cached_block_hash_to_block.items()}
+    table = {h: [b.block_id for b in pool.cached_blocks(h)] for h in pool.cached_block_hash_to_block}
     return blocks, free, held, dict(kv.num_cached_block), table, pool.num_evictions
 
 
@@ -209,8 +210,9 @@ class KVCacheMachine(RuleBasedStateMachine):
     @invariant()
     def cached_blocks_hold_written_kv(self) -> None:
         """Except the blocks vLLM 0.32 published for a step whose owner it preempted in that step."""
-        for h, same in self.kv.block_pool.cached_block_hash_to_block.items():
-            for b in same.values():
+        pool = self.kv.block_pool
+        for h in pool.cached_block_hash_to_block:
+            for b in pool.cached_blocks(h):
                 assert h in (self.written.get(b.block_id), self.published_unwritten.get(b.block_id)), (
                     f"{b} is cached but its KV was never computed")
 

@@ -13,27 +13,17 @@ from collections.abc import Callable
 
 from engine.core.config import CacheConfig, SchedulerConfig
 from engine.core.request import Request, RequestStatus
-from engine.core.sched_output import SchedulerOutput
 from engine.core.scheduler import Scheduler
 
 
 class AsyncScheduler(Scheduler):
-    def _update_after_schedule(self, scheduler_output: SchedulerOutput) -> None:
-        super()._update_after_schedule(scheduler_output)
-        requests = self.requests
-        for req_id in scheduler_output.num_scheduled_tokens:
-            req = requests[req_id]
-            if not req.is_prefill_chunk:
-                req.num_output_placeholders += 1
+    has_placeholders = True
 
-    def _update_request_with_output(self, req: Request, new_ids: list[int], stale: bool,
-                                    status_before: RequestStatus) -> tuple[list[int], bool]:
-        new_ids, done = super()._update_request_with_output(req, new_ids, stale, status_before)
+    def _settle_placeholders(self, req: Request, num_new: int, stale: bool, status_before: RequestStatus) -> None:
         if not stale:  # a preemption already dropped the placeholders of steps in flight
-            req.num_output_placeholders -= len(new_ids)
+            req.num_output_placeholders -= num_new
         if status_before == RequestStatus.RUNNING:
             self.kv_cache_manager.cache_blocks(req, req.num_computed_tokens - req.num_output_placeholders)
-        return new_ids, done
 
 
 def make_scheduler(scheduler_config: SchedulerConfig, cache_config: CacheConfig,

@@ -116,12 +116,23 @@ class BlockPool:
         self.free_block_queue = FreeKVCacheBlockQueue(self.blocks)
         self.null_block = self.free_block_queue.popleft()
         self.null_block.is_null = True
-        self.cached_block_hash_to_block: dict[BlockHash, dict[int, KVCacheBlock]] = {}
+        # Hash -> the block cached under it or, while several blocks hold equal content, a dict of them by
+        # id in caching order (as vLLM 0.32): a dict per cached block would be one more long-lived object
+        # per block_size tokens decoded, and those drive the garbage collector's full passes.
+        self.cached_block_hash_to_block: dict[BlockHash, KVCacheBlock | dict[int, KVCacheBlock]] = {}
         self.num_evictions = 0
 
     def get_cached_block(self, block_hash: BlockHash) -> KVCacheBlock | None:
-        blocks = self.cached_block_hash_to_block.get(block_hash)
-        return next(iter(blocks.values())) if blocks else None
+        """The block a hit on `block_hash` takes: the first one cached under it."""
+        entry = self.cached_block_hash_to_block.get(block_hash)
+        return entry if entry is None or type(entry) is KVCacheBlock else next(iter(entry.values()))
+
+    def cached_blocks(self, block_hash: BlockHash) -> list[KVCacheBlock]:
+        """Every block cached under `block_hash`, first cached first."""
+        entry = self.cached_block_hash_to_block.get(block_hash)
+        if entry is None:
+            return []
+        return [entry] if type(entry) is KVCacheBlock else list(entry.values())
 
     def cache_full_blocks(self, blocks: list[KVCacheBlock], block_hashes: list[BlockHash],
                           num_cached_blocks: int, num_full_blocks: int) -> list[KVCacheBlock]:
@@ -135,7 +146,9 @@ class BlockPool:
             h = block.block_hash = block_hashes[i]
             same = table.get(h)
             if same is None:
-                table[h] = {block.block_id: block}
+                table[h] = block
+            elif type(same) is KVCacheBlock:
+                table[h] = {same.block_id: same, block.block_id: block}
             else:
                 same[block.block_id] = block
             newly.append(block)
@@ -154,11 +167,14 @@ class BlockPool:
     def uncache(self, block: KVCacheBlock) -> None:
         """Drop one block from the prefix cache (others holding the same content stay)."""
         table = self.cached_block_hash_to_block
-        same = table.get(block.block_hash)
-        if same is not None:
+        h = block.block_hash
+        same = table.get(h)
+        if same is block:
+            del table[h]
+        elif type(same) is dict:
             same.pop(block.block_id, None)
-            if not same:
-                del table[block.block_hash]
+            if len(same) == 1:
+                table[h] = next(iter(same.values()))
         block.block_hash = None
 
     def touch(self, blocks: Iterable[KVCacheBlock]) -> None:

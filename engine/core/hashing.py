@@ -6,7 +6,7 @@ machines, which traces and the simulator rely on; Python's `hash` is salted per 
 """
 from __future__ import annotations
 
-from array import array
+import struct
 from collections.abc import Sequence
 
 import xxhash
@@ -16,10 +16,18 @@ _SEED = 0x5EED5C0BE
 NONE_HASH: BlockHash = xxhash.xxh3_128_digest(b"stepscope-root", seed=_SEED)
 
 
+# Token ids as native int64s (the bytes array("q") gives), packed by one precompiled Struct per length:
+# five times faster than building an array, and a block is hashed for every block_size tokens decoded.
+_packers: dict[int, struct.Struct] = {}
+
+
 def hash_block_tokens(parent: BlockHash | None, token_ids: Sequence[int], extra_keys: bytes = b"") -> BlockHash:
     """Hash one full block given its parent's hash (None for the first block)."""
-    payload = (parent or NONE_HASH) + array("q", token_ids).tobytes() + extra_keys
-    return xxhash.xxh3_128_digest(payload, seed=_SEED)
+    packer = _packers.get(len(token_ids))
+    if packer is None:
+        packer = _packers[len(token_ids)] = struct.Struct(f"{len(token_ids)}q")
+    # The seed goes positionally: xxhash parses a keyword argument slower than it hashes a block.
+    return xxhash.xxh3_128_digest((parent or NONE_HASH) + packer.pack(*token_ids) + extra_keys, _SEED)
 
 
 def extra_keys_for(cache_salt: str | None) -> bytes:

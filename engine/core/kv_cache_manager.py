@@ -55,6 +55,9 @@ class KVCacheManager:
         self.watermark_blocks = int(watermark * num_blocks)
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
         self.num_cached_block: dict[str, int] = {}
+        # Per request, how many computed tokens its held blocks take with no block allocated and none
+        # filled for publishing: one lookup tells the scheduler a decode needs no allocate_slots.
+        self.slot_limit: dict[str, int] = {}
         self.prefix_cache_stats = PrefixCacheStats()
         self.events: list[tuple] | None = None
         # Why the last allocate_slots returned None: (whole-sequence check, blocks needed, blocks free).
@@ -74,9 +77,9 @@ class KVCacheManager:
         blocks: list[KVCacheBlock] = []
         for block_hash in request.block_hashes[:max_hit_blocks]:
             same = get(block_hash)
-            if not same:
+            if same is None:
                 break
-            blocks.append(next(iter(same.values())))
+            blocks.append(same if type(same) is KVCacheBlock else next(iter(same.values())))
         return blocks, len(blocks) * self.block_size
 
     def record_prefix_hit(self, request: Request, num_hit_tokens: int) -> None:
@@ -91,6 +94,8 @@ class KVCacheManager:
         held = self.req_to_blocks.get(request_id)
         num_held = len(held) if held is not None else 0
         num_new = max(-(-num_tokens // self.block_size) - num_held - len(new_computed_blocks), 0)
+        if not new_computed_blocks:
+            return num_new
         return num_new + sum(1 for b in new_computed_blocks if b.ref_cnt == 0 and not b.is_null)
 
     def allocate_slots(self, request: Request, num_new_tokens: int, num_new_computed_tokens: int = 0,
@@ -105,13 +110,8 @@ class KVCacheManager:
         watermark holds back blocks from waiting and preempted requests while others run.
         """
         req_blocks = self.req_to_blocks.get(request.request_id)
-        if req_blocks is not None and not new_computed_blocks and not num_lookahead_tokens:
-            # The common decode case: the held blocks have room, nothing to allocate or touch.
-            end = request.num_computed_tokens + num_new_tokens
-            if len(req_blocks) * self.block_size >= min(end, self.max_model_len) and not full_sequence_must_fit:
-                if self.enable_caching and end // self.block_size > self.num_cached_block[request.request_id]:
-                    self._cache_blocks(request, req_blocks, min(end, request.num_tokens))
-                return _NO_BLOCKS
+        if req_blocks is not None and not (new_computed_blocks or num_lookahead_tokens or full_sequence_must_fit):
+            return self._grow(request, req_blocks, num_new_tokens, has_scheduled_reqs)
         hits = new_computed_blocks or _NO_BLOCKS
         pool = self.block_pool
         num_free = pool.get_num_free_blocks()
@@ -145,7 +145,45 @@ class KVCacheManager:
                 events.append(("new", rid, [b.block_id for b in new_blocks], None))
         if self.enable_caching:
             self._cache_blocks(request, req_blocks, min(num_computed + num_new_tokens, request.num_tokens))
+        self._set_slot_limit(rid, len(req_blocks))
         return new_blocks
+
+    def _grow(self, request: Request, req_blocks: list[KVCacheBlock], num_new_tokens: int,
+              has_scheduled_reqs: bool) -> list[KVCacheBlock] | None:
+        """allocate_slots for a request that holds blocks and takes no prefix hits (any running one): the
+        general rules reduced to new blocks for its own tokens, and the blocks they fill published."""
+        rid = request.request_id
+        end = request.num_computed_tokens + num_new_tokens
+        block_size = self.block_size
+        # Conditional expressions rather than min(): on CPython 3.11 a min() call costs as much as ten of them,
+        # and this runs for every request that crosses a block boundary.
+        max_model_len = self.max_model_len
+        num_slots = end if end < max_model_len else max_model_len
+        num_to_allocate = -(-num_slots // block_size) - len(req_blocks)
+        new_blocks = _NO_BLOCKS
+        if num_to_allocate > 0:
+            watermark = self.watermark_blocks if has_scheduled_reqs and request.status in _WAITING_STATUSES else 0
+            num_free = self.block_pool.free_block_queue.num_free_blocks
+            if num_to_allocate + watermark > num_free:
+                self.last_shortfall = (False, num_to_allocate + watermark, num_free)
+                return None
+            new_blocks = self.block_pool.get_new_blocks(num_to_allocate)
+            req_blocks.extend(new_blocks)
+            if self.events is not None:
+                self.events.append(("new", rid, [b.block_id for b in new_blocks], None))
+            self._set_slot_limit(rid, len(req_blocks))
+        if self.enable_caching and end // block_size > self.num_cached_block[rid]:
+            num_tokens = len(request.all_token_ids)
+            self._cache_blocks(request, req_blocks, end if end < num_tokens else num_tokens)
+        return new_blocks
+
+    def _set_slot_limit(self, request_id: str, num_blocks: int) -> None:
+        limit = num_blocks * self.block_size
+        if self.enable_caching:  # the next block to fill must be published when its last slot is computed
+            publish_at = (self.num_cached_block[request_id] + 1) * self.block_size
+            if publish_at <= limit:
+                limit = publish_at - 1
+        self.slot_limit[request_id] = limit
 
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
         """Publish the request's blocks filled up to `num_computed_tokens` (async scheduling calls this
@@ -156,11 +194,16 @@ class KVCacheManager:
 
     def _cache_blocks(self, request: Request, req_blocks: list[KVCacheBlock], num_tokens: int) -> None:
         """Publish blocks that become full with this step's tokens (their content is known now)."""
-        num_full = min(num_tokens // self.block_size, len(request.block_hashes), len(req_blocks))
+        num_full = num_tokens // self.block_size
+        if num_full > len(request.block_hashes):
+            num_full = len(request.block_hashes)
+        if num_full > len(req_blocks):
+            num_full = len(req_blocks)
         num_cached = self.num_cached_block[request.request_id]
         if num_full > num_cached:
             newly = self.block_pool.cache_full_blocks(req_blocks, request.block_hashes, num_cached, num_full)
             self.num_cached_block[request.request_id] = num_full
+            self._set_slot_limit(request.request_id, len(req_blocks))
             if newly and self.events is not None:
                 self.events.append(("cache", request.request_id, [b.block_id for b in newly],
                                     [b.block_hash.hex() for b in newly]))
@@ -174,6 +217,7 @@ class KVCacheManager:
         """
         blocks = self.req_to_blocks.pop(request.request_id, None)
         self.num_cached_block.pop(request.request_id, None)
+        self.slot_limit.pop(request.request_id, None)
         if not blocks:
             return []
         self.block_pool.free_blocks(reversed(blocks))

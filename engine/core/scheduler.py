@@ -14,20 +14,17 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 
-from engine.core.block_pool import KVCacheBlock
 from engine.core.config import CacheConfig, SchedulerConfig
 from engine.core.kv_cache_manager import KVCacheManager
 from engine.core.outputs import EngineCoreOutput, EngineCoreOutputs, ModelRunnerOutput, SchedulerStats
-from engine.core.request import Request, RequestStatus, check_stop
+from engine.core.request import Request, RequestStatus, append_output_tokens, check_stop
 from engine.core.request_queue import create_request_queue
-from engine.core.sched_output import SchedulerOutput, make_scheduler_output
-
-# Shared by every request that gains no block in a step; readers never mutate new_block_ids entries,
-# and one list instead of one per decode keeps the garbage collector's young generation small.
-
+from engine.core.sched_output import NO_BLOCK_IDS, CachedRequestData, NewRequestData, SchedulerOutput
 
 class Scheduler:
     """Decides, each step, which requests compute how many tokens; shared verbatim by engine and simulator."""
+
+    has_placeholders = False  # True in AsyncScheduler: sampled tokens settle output placeholders
 
     def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -63,6 +60,7 @@ class Scheduler:
         request.queued_time = self.clock()
         if request.max_tokens is None:
             request.max_tokens = max(1, self.max_model_len - request.num_prompt_tokens)
+        request.num_tokens_limit = min(self.max_model_len, request.num_prompt_tokens + request.max_tokens)
         if self.cache_config.enable_prefix_caching and request.block_size != self.block_size:
             request.block_size = self.block_size
             request.block_hashes = []
@@ -95,147 +93,174 @@ class Scheduler:
 
     # ---- one step --------------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
+        """Running requests first, in order, then waiting ones; each scheduled request is advanced past its
+        tokens at once (the output keeps the counts before), so the next step can follow at once."""
         now = self.clock()
-        kv = self.kv_cache_manager
-        budget = self.max_num_scheduled_tokens
-        running = self.running
+        out = SchedulerOutput([], CachedRequestData(), {}, 0, self._take_finished_req_ids())
         # vLLM 0.32: the long-prefill cap only applies when another request could use the budget.
-        threshold = self.long_prefill_token_threshold if len(running) + len(self.waiting) > 1 else 0
-        max_model_len = self.max_model_len
-        block_size = self.block_size
-        caching = kv.enable_caching
-        req_to_blocks, num_cached_block = kv.req_to_blocks, kv.num_cached_block
-        num_scheduled: dict[str, int] = {}
-        new_blocks_of: dict[str, list[KVCacheBlock]] = {}  # only requests that gained blocks
-        scheduled_running: list[Request] = []
-        preempted: list[Request] = []
-        preempted_block_ids: dict[str, list[int]] = {}
-        preempted_for = None
-        admission_stop = None
+        threshold = self.long_prefill_token_threshold if len(self.running) + len(self.waiting) > 1 else 0
+        budget = self._schedule_running(out, self.max_num_scheduled_tokens, threshold)
+        num_running = len(out.scheduled_cached_reqs.req_ids)
+        cached = out.scheduled_cached_reqs
+        cached.resumed_from_preemption, cached.resumed_token_ids = [False] * num_running, [None] * num_running
+        if out.preempted_req_ids:  # a step that preempts admits nobody
+            if self.waiting:
+                out.admission_stop = (self.waiting.peek_request().request_id, "preempted", 0, 0)
+        else:
+            budget = self._schedule_waiting(out, budget, threshold, now)
+        out.total_num_scheduled_tokens = self.max_num_scheduled_tokens - budget
+        out.num_decode_tokens = len(out.decode_req_ids)  # a decode is scheduled its one token left
+        out.num_prefill_tokens = out.total_num_scheduled_tokens - out.num_decode_tokens
+        self._num_preempted_last_step = len(out.preempted_req_ids)
+        return out
 
-        i = 0
-        while i < len(running) and budget > 0:
-            req = running[i]
+    def _schedule_running(self, out: SchedulerOutput, budget: int, threshold: int) -> int:
+        """Give each running request the tokens it has left, as far as the budget goes, preempting from
+        the back of the line when a block is short; returns the budget left."""
+        kv = self.kv_cache_manager
+        running = self.running
+        max_model_len = self.max_model_len
+        long_prefill_cap = threshold if threshold > 0 else max_model_len
+        has_placeholders = self.has_placeholders
+        slot_limit = kv.slot_limit  # every running request holds blocks, so has an entry
+        num_scheduled = out.num_scheduled_tokens
+        cached = out.scheduled_cached_reqs
+        run_ids, run_computed, run_block_ids = cached.req_ids, cached.num_computed_tokens, cached.new_block_ids
+        decode_ids = out.decode_req_ids
+        preempted = out.preempted_req_ids
+        for req in running.copy():  # a preemption removes its victim from self.running, not from this copy
+            if budget <= 0:
+                break
+            if preempted and req.status != RequestStatus.RUNNING:
+                continue  # preempted earlier in this step
             computed = req.num_computed_tokens
             placeholders = req.num_output_placeholders
             if placeholders and computed + 2 - placeholders >= req.num_prompt_tokens + req.max_tokens:
-                i += 1  # async: the step in flight already reaches max_tokens
-                continue
-            n = len(req.all_token_ids) + placeholders - computed
-            if 0 < threshold < n:
-                n = threshold
+                continue  # async: the step in flight already reaches max_tokens
+            left = len(req.all_token_ids) + placeholders - computed
+            n = left if left <= long_prefill_cap else long_prefill_cap
             if n > budget:
                 n = budget
-            # Room for the token this step samples (vLLM 0.32: max_model_len - computed - 1).
-            if n > max_model_len - computed - 1:
-                n = max_model_len - computed - 1
-            if n <= 0:
-                i += 1
-                continue
-            # Inlined decode fast path of allocate_slots: the held blocks have room and no block fills
-            # up, so there is nothing to allocate or publish.
             end = computed + n
-            rid = req.request_id
-            held = req_to_blocks.get(rid)
-            if (held is not None and len(held) * block_size >= end
-                    and (not caching or end // block_size <= num_cached_block[rid])):
-                scheduled_running.append(req)
-                num_scheduled[rid] = n
-                budget -= n
-                i += 1
+            if end >= max_model_len:  # room for the token this step samples (vLLM 0.32: max_model_len - computed - 1)
+                end = max_model_len - 1
+                n = end - computed
+            if n <= 0:
                 continue
-            while (new_blocks := kv.allocate_slots(req, n)) is None:
-                victim = self._pick_victim()
-                if preempted_for is None:
-                    preempted_for = {}
-                preempted_for[victim.request_id] = (req.request_id, *kv.last_shortfall[1:])
-                victim_index = running.index(victim)
-                del running[victim_index]
-                if victim_index < i:
-                    i -= 1
-                if victim.request_id in num_scheduled:
-                    budget += num_scheduled.pop(victim.request_id)
-                    new_blocks_of.pop(victim.request_id, None)
-                    scheduled_running.remove(victim)
-                preempted_block_ids[victim.request_id] = self._preempt(victim)
-                preempted.append(victim)
-                if victim is req:
-                    break
-            if new_blocks is None:
-                break
-            scheduled_running.append(req)
-            if new_blocks:
-                new_blocks_of[req.request_id] = new_blocks
-            num_scheduled[req.request_id] = n
-            budget -= n
-            i += 1
-
-        scheduled_new: list[Request] = []
-        scheduled_resumed: list[Request] = []
-        prefix_hit_tokens = 0
-        if preempted:
-            if self.waiting:
-                admission_stop = (self.waiting.peek_request().request_id, "preempted", 0, 0)
-        else:
-            waiting = self.waiting
-            skipped: list[Request] = []
-            while waiting and budget > 0 and len(running) < self.max_num_running_reqs:
-                req = waiting.peek_request()
-                if req.num_stale_output_tokens:
-                    skipped.append(waiting.pop_request())  # async: its pre-preemption output is still due
-                    continue
-                hit_blocks, num_hit = kv.get_computed_blocks(req)
-                n = req.num_tokens - num_hit
-                if 0 < threshold < n:
-                    n = threshold
-                if not self.enable_chunked_prefill and n > budget:
-                    admission_stop = (req.request_id, "no_chunk", n, budget)
-                    break
-                n = min(n, budget)
-                new_blocks = kv.allocate_slots(req, n, num_hit, hit_blocks,
-                                               full_sequence_must_fit=self.reserve_full_isl,
-                                               has_scheduled_reqs=bool(running))
-                if new_blocks is None:
-                    whole, need, free = kv.last_shortfall
-                    admission_stop = (req.request_id, "full_sequence" if whole else "kv_short", need, free)
-                    break
-                waiting.pop_request()
-                running.append(req)
-                kv.record_prefix_hit(req, num_hit)
-                (scheduled_resumed if req.status == RequestStatus.PREEMPTED else scheduled_new).append(req)
-                req.status = RequestStatus.RUNNING
-                req.num_computed_tokens = num_hit
-                if req.num_cached_tokens < 0:
-                    req.num_cached_tokens = num_hit
-                if req.first_scheduled_time is None:
-                    req.first_scheduled_time = now
-                num_scheduled[req.request_id] = n
-                budget -= n
-                prefix_hit_tokens += num_hit
+            rid = req.request_id
+            if end <= slot_limit[rid]:  # the held blocks have room and none fills up: nothing to do
+                block_ids = NO_BLOCK_IDS
             else:
-                if waiting:  # the loop's own condition ended it: budget spent or every seat taken
-                    admission_stop = (waiting.peek_request().request_id,
-                                      "token_budget" if budget <= 0 else "max_num_seqs", 0, 0)
-            if skipped:
-                waiting.prepend_requests(skipped)
-
-        out = make_scheduler_output(self.kv_cache_manager, scheduled_new, scheduled_resumed, scheduled_running,
-                                    new_blocks_of, num_scheduled, preempted, preempted_block_ids, prefix_hit_tokens,
-                                    self._take_finished_req_ids())
-        if admission_stop is not None or preempted_for is not None:
-            out.admission_stop, out.preempted_for = admission_stop, preempted_for
-        self._num_preempted_last_step = len(preempted)
-        self._update_after_schedule(out)
-        return out
-
-    def _update_after_schedule(self, scheduler_output: SchedulerOutput) -> None:
-        """Advance each scheduled request past this step's tokens, so the next step can follow at once."""
-        requests = self.requests
-        for req_id, n in scheduler_output.num_scheduled_tokens.items():
-            req = requests[req_id]
-            computed = req.num_computed_tokens = req.num_computed_tokens + n
+                while (new_blocks := kv.allocate_slots(req, n)) is None:
+                    victim = self._pick_victim()
+                    running.remove(victim)
+                    budget += self._preempt_in_step(victim, req, out)
+                    if victim is req:
+                        break
+                if new_blocks is None:
+                    break
+                if not new_blocks:
+                    block_ids = NO_BLOCK_IDS
+                elif len(new_blocks) == 1:  # a decode's one new block, without a comprehension's cost
+                    block_ids = [new_blocks[0].block_id]
+                else:
+                    block_ids = [b.block_id for b in new_blocks]
+            run_ids.append(rid)
+            run_computed.append(computed)
+            run_block_ids.append(block_ids)
+            num_scheduled[rid] = n
+            # A decode computes the one token after everything computed so far, and it is an output token.
+            if left == 1 and (placeholders or req.output_token_ids):
+                decode_ids.add(rid)
+            req.num_computed_tokens = end
             req.num_in_flight_tokens += n
-            req.is_prefill_chunk = computed < len(req.all_token_ids) + req.num_output_placeholders
+            if end < computed + left:
+                req.is_prefill_chunk = True
+            else:
+                req.is_prefill_chunk = False
+                if has_placeholders:
+                    req.num_output_placeholders = placeholders + 1
+            budget -= n
+        return budget
+
+    def _schedule_waiting(self, out: SchedulerOutput, budget: int, threshold: int, now: float) -> int:
+        """Admit waiting requests in queue order while the budget, the seats and the blocks allow; the
+        first that does not fit stops admission (out.admission_stop says why). Returns the budget left."""
+        kv = self.kv_cache_manager
+        waiting = self.waiting
+        running = self.running
+        cached = out.scheduled_cached_reqs
+        skipped: list[Request] = []
+        while waiting and budget > 0 and len(running) < self.max_num_running_reqs:
+            req = waiting.peek_request()
+            if req.num_stale_output_tokens:
+                skipped.append(waiting.pop_request())  # async: its pre-preemption output is still due
+                continue
+            hit_blocks, num_hit = kv.get_computed_blocks(req)
+            n = req.num_tokens - num_hit
+            if 0 < threshold < n:
+                n = threshold
+            if not self.enable_chunked_prefill and n > budget:
+                out.admission_stop = (req.request_id, "no_chunk", n, budget)
+                break
+            n = min(n, budget)
+            new_blocks = kv.allocate_slots(req, n, num_hit, hit_blocks, full_sequence_must_fit=self.reserve_full_isl,
+                                           has_scheduled_reqs=bool(running))
+            if new_blocks is None:
+                whole, need, free = kv.last_shortfall
+                out.admission_stop = (req.request_id, "full_sequence" if whole else "kv_short", need, free)
+                break
+            waiting.pop_request()
+            running.append(req)
+            kv.record_prefix_hit(req, num_hit)
+            rid = req.request_id
+            if req.status == RequestStatus.PREEMPTED:
+                cached.req_ids.append(rid)
+                cached.resumed_from_preemption.append(True)
+                cached.resumed_token_ids.append(list(req.all_token_ids))
+                cached.new_block_ids.append(kv.get_block_ids(rid))
+                cached.num_computed_tokens.append(num_hit)
+            else:
+                out.scheduled_new_reqs.append(NewRequestData(rid, req.prompt_token_ids, req.sampling_params,
+                                                             kv.get_block_ids(rid), num_hit, req.eos_token_id))
+            req.status = RequestStatus.RUNNING
+            if req.num_cached_tokens < 0:
+                req.num_cached_tokens = num_hit
+            if req.first_scheduled_time is None:
+                req.first_scheduled_time = now
+            out.num_scheduled_tokens[rid] = n
+            out.prefix_hit_tokens += num_hit
+            budget -= n
+            req.num_computed_tokens = num_hit + n
+            req.num_in_flight_tokens += n
+            req.is_prefill_chunk = num_hit + n < req.num_tokens + req.num_output_placeholders
+            if self.has_placeholders and not req.is_prefill_chunk:
+                req.num_output_placeholders += 1
+        else:
+            if waiting:  # the loop's own condition ended it: budget spent or every seat taken
+                out.admission_stop = (waiting.peek_request().request_id,
+                                      "token_budget" if budget <= 0 else "max_num_seqs", 0, 0)
+        if skipped:
+            waiting.prepend_requests(skipped)
+        return budget
+
+    def _preempt_in_step(self, victim: Request, for_req: Request, out: SchedulerOutput) -> int:
+        """Preempt `victim` so that `for_req` gets its blocks: note why, take back what the victim was
+        scheduled earlier in this step, and return those tokens to the budget."""
+        vid = victim.request_id
+        if out.preempted_for is None:
+            out.preempted_for = {}
+        out.preempted_for[vid] = (for_req.request_id, *self.kv_cache_manager.last_shortfall[1:])
+        n = out.num_scheduled_tokens.pop(vid, 0)
+        if n:
+            cached = out.scheduled_cached_reqs
+            k = cached.req_ids.index(vid)
+            del cached.req_ids[k], cached.num_computed_tokens[k], cached.new_block_ids[k]
+            out.decode_req_ids.discard(vid)
+            victim.num_in_flight_tokens -= n  # undo this step's advance; _preempt resets the rest
+        out.preempted_block_ids[vid] = self._preempt(victim)
+        out.preempted_req_ids.append(vid)
+        return n
 
     def _take_finished_req_ids(self) -> set[str]:
         """Requests finished since the last step, told to the workers once (the next output carries them)."""
@@ -269,12 +294,17 @@ class Scheduler:
         stopped_running: set[Request] = set()
         stopped_waiting: set[Request] = set()
         requests = self.requests
-        running_status = RequestStatus.RUNNING
-        update_request = self._update_request_with_output
+        max_model_len = self.max_model_len
+        has_placeholders = self.has_placeholders
+        num_scheduled = scheduler_output.num_scheduled_tokens
         # Walk the requests in the scheduler's own order, not the runner's batch order, so that finishes
-        # (and so the free queue) never depend on how a runner arranges its batch.
-        sampled = dict(zip(model_runner_output.req_ids, model_runner_output.sampled_token_ids))
-        for req_id, num_tokens in scheduler_output.num_scheduled_tokens.items():
+        # (and so the free queue) never depend on how a runner arranges its batch. Runners that keep the
+        # scheduler's order (the simulator's) skip the reordering.
+        sampled = model_runner_output.sampled_token_ids
+        if model_runner_output.req_ids != list(num_scheduled):
+            by_id = dict(zip(model_runner_output.req_ids, sampled))
+            sampled = [by_id.get(req_id) for req_id in num_scheduled]
+        for (req_id, num_tokens), new_ids in zip(num_scheduled.items(), sampled):
             req = requests.get(req_id)
             if req is None:
                 continue  # finished (or aborted) while this step was in flight
@@ -282,20 +312,31 @@ class Scheduler:
             stale = req.num_stale_output_tokens > 0
             if stale:
                 req.num_stale_output_tokens -= num_tokens
-            new_ids = sampled.get(req_id)
             if not new_ids:
                 continue
             status_before = req.status
             if req.first_token_time is None:
                 req.first_token_time = now
-            new_ids, done = update_request(req, new_ids, stale, status_before)
-            out = EngineCoreOutput(req_id, new_ids)  # the fewer arguments, the cheaper the dataclass init
-            if req.num_cached_tokens > 0:
-                out.num_cached_tokens = req.num_cached_tokens
+            if len(new_ids) == 1:  # the common case, inline: one token, which most often stops nothing
+                tok = new_ids[0]
+                req.output_token_ids.append(tok)
+                all_ids = req.all_token_ids
+                all_ids.append(tok)
+                num_tokens = len(all_ids)
+                if req.block_size and num_tokens % req.block_size == 0:
+                    req.update_block_hashes()
+                done = ((num_tokens >= req.num_tokens_limit or tok in req.stop_token_set)
+                        and check_stop(req, max_model_len))
+            else:
+                new_ids, done = append_output_tokens(req, new_ids, max_model_len)
+            if has_placeholders:
+                self._settle_placeholders(req, len(new_ids), stale, status_before)
+            # num_cached_tokens is set (>= 0) when a request is first admitted, before it can sample.
+            out = EngineCoreOutput(req_id, new_ids, None, None, req.num_cached_tokens)
             if logprobs:
                 out.new_logprobs = logprobs.get(req_id)
             if done:
-                (stopped_running if status_before == running_status else stopped_waiting).add(req)
+                (stopped_running if status_before == RequestStatus.RUNNING else stopped_waiting).add(req)
                 out.finish_reason = req.get_finish_reason()
                 out.stop_reason = req.stop_reason
                 out.freed_block_ids = self._finish(req, now)
@@ -309,28 +350,8 @@ class Scheduler:
         self._rejected.clear()
         return EngineCoreOutputs(outputs, self.make_stats())
 
-    def _update_request_with_output(self, req: Request, new_ids: list[int], stale: bool,
-                                    status_before: RequestStatus) -> tuple[list[int], bool]:
-        """Append the sampled tokens up to the first stop; returns the kept tokens and whether it stopped."""
-        if len(new_ids) == 1:
-            tok = new_ids[0]
-            req.output_token_ids.append(tok)
-            all_ids = req.all_token_ids
-            all_ids.append(tok)
-            num_tokens = len(all_ids)
-            if req.block_size and num_tokens % req.block_size == 0:
-                req.update_block_hashes()
-            # Most tokens cannot stop anything: skip the full check unless this one might.
-            params = req.sampling_params
-            if (num_tokens < self.max_model_len and len(req.output_token_ids) < req.max_tokens
-                    and (params.ignore_eos or tok != req.eos_token_id) and tok not in params.stop_token_ids):
-                return new_ids, False
-            return new_ids, check_stop(req, self.max_model_len)
-        for k, tok in enumerate(new_ids):
-            req.append_output_token_ids(tok)
-            if check_stop(req, self.max_model_len):
-                return new_ids[:k + 1], True
-        return new_ids, False
+    def _settle_placeholders(self, req: Request, num_new: int, stale: bool, status_before: RequestStatus) -> None:
+        """Async scheduling only (see AsyncScheduler): sampled tokens replace output placeholders."""
 
     def _finish(self, req: Request, now: float) -> list[int]:
         req.finished_time = now
