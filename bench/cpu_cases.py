@@ -3,7 +3,6 @@ vLLM and this engine read the same weights), the matmul bound of a prefill chunk
 process, and the optional vLLM-CPU run."""
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -33,11 +32,12 @@ def checkpoint_for(shape: str) -> Path:
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     from engine.builtin import BUILTIN_DIR
+    from engine.core.model_shapes import BUILTIN, get_model_config
 
     path = CACHE / shape
     if (path / "model.safetensors").exists():
         return path
-    base = json.loads((BUILTIN_DIR / "config.json").read_text())
+    base = get_model_config(BUILTIN)  # the built-in model's config, for its tokenizer's vocabulary and ids
     base.update(SHAPES[shape])
     for key in ("architectures", "model_type", "torch_dtype", "dtype", "rope_parameters"):
         base.pop(key, None)
