@@ -19,10 +19,13 @@ def reshape_and_cache(
     _, num_blocks, block_size, num_kv_heads, head_size = kv_cache.shape
     flat = kv_cache.view(2, num_blocks * block_size, num_kv_heads, head_size)
     num_tokens = slot_mapping.shape[0]
-    valid = slot_mapping >= 0
-    slots = slot_mapping[valid]  # boolean indexing syncs on CUDA; fused kernels avoid this later
-    flat[0].index_copy_(0, slots, key[:num_tokens][valid].to(kv_cache.dtype))
-    flat[1].index_copy_(0, slots, value[:num_tokens][valid].to(kv_cache.dtype))
+    key, value = key[:num_tokens], value[:num_tokens]
+    if slot_mapping.device.type != "cpu" or (num_tokens and int(slot_mapping.min()) < 0):
+        valid = slot_mapping >= 0
+        slot_mapping = slot_mapping[valid]  # boolean indexing syncs on CUDA; fused kernels avoid this later
+        key, value = key[valid], value[valid]
+    flat[0].index_copy_(0, slot_mapping, key.to(kv_cache.dtype))
+    flat[1].index_copy_(0, slot_mapping, value.to(kv_cache.dtype))
 
 
 def causal_attention(
