@@ -3,7 +3,6 @@ vLLM and this engine read the same weights), the matmul bound of a prefill chunk
 process, and the optional vLLM-CPU run."""
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -33,11 +32,12 @@ def checkpoint_for(shape: str) -> Path:
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     from engine.builtin import BUILTIN_DIR
+    from engine.core.model_shapes import BUILTIN, get_model_config
 
     path = CACHE / shape
     if (path / "model.safetensors").exists():
         return path
-    base = json.loads((BUILTIN_DIR / "config.json").read_text())
+    base = get_model_config(BUILTIN)  # the built-in model's config, for its tokenizer's vocabulary and ids
     base.update(SHAPES[shape])
     for key in ("architectures", "model_type", "torch_dtype", "dtype", "rope_parameters"):
         base.pop(key, None)
@@ -91,6 +91,41 @@ def busy_neighbour(cpu: int) -> Iterator[None]:
         proc.wait()
 
 
+def tree_cpu_seconds() -> float:
+    """CPU seconds this process and every live descendant have used so far (user + system, all threads).
+
+    On a machine shared with other jobs wall time measures the load as much as the engine; CPU time
+    does not, and it counts the whole of vLLM's multi-process engine, not only the process that waits."""
+    total = time.process_time()
+    tick = os.sysconf("SC_CLK_TCK")
+    for pid in _descendants(os.getpid()):
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # ended in between
+        total += (int(fields[11]) + int(fields[12])) / tick
+    return total
+
+
+def _descendants(pid: int) -> list[int]:
+    found, todo = [], [pid]
+    while todo:
+        parent = todo.pop()
+        for task in Path(f"/proc/{parent}/task").iterdir():
+            try:
+                children = (task / "children").read_text().split()
+            except FileNotFoundError:
+                continue
+            found += map(int, children)
+            todo += map(int, children)
+    return found
+
+
+def load_note() -> str:
+    """The 1-minute load average against the core count, printed beside every figure."""
+    return f"load {os.getloadavg()[0]:.2f} on {os.cpu_count()} cpus"
+
+
 def vllm_available() -> bool:
     try:
         import vllm  # noqa: F401
@@ -112,11 +147,12 @@ class VllmRunner:
         self.llm = LLM(str(model_dir), dtype="float32", max_model_len=max_model_len, enforce_eager=True,
                        seed=0)
 
-    def generate(self, prompts: list[list[int]], outs: list[int]) -> tuple[float, list[list[int]]]:
+    def generate(self, prompts: list[list[int]], outs: list[int]) -> tuple[float, float, list[list[int]]]:
+        """(output tok/s of wall time, output tok/s of CPU time over all of vLLM's processes, outputs)."""
         from vllm import SamplingParams
 
         params = [SamplingParams(max_tokens=o, temperature=0.0, ignore_eos=True) for o in outs]
-        t = time.perf_counter()
+        t, cpu = time.perf_counter(), tree_cpu_seconds()
         res = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-        elapsed = time.perf_counter() - t
-        return sum(outs) / elapsed, [list(r.outputs[0].token_ids) for r in res]
+        elapsed, cpu = time.perf_counter() - t, tree_cpu_seconds() - cpu
+        return sum(outs) / elapsed, sum(outs) / cpu, [list(r.outputs[0].token_ids) for r in res]

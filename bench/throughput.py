@@ -50,18 +50,20 @@ def build_engine(args, threads: int | None, max_num_batched_tokens: int | None =
     return llm
 
 
-def run_engine(llm, prompts, outs, count_prompts: bool = False) -> tuple[float, list[list[int]]]:
-    """One timed generate; tok/s counts outputs (and prompts, for the prefill case)."""
+def run_engine(llm, prompts, outs, count_prompts: bool = False) -> tuple[float, float, list[list[int]]]:
+    """One timed generate: (tok/s of wall time, tok/s of CPU time, outputs); tokens are the outputs
+    (and prompts, for the prefill case)."""
     from engine import SamplingParams
 
     params = [SamplingParams(max_tokens=o, temperature=0.0, ignore_eos=True) for o in outs]
     llm.reset_prefix_cache()  # a repeat must not hit the previous repeat's prompts
-    t = time.perf_counter()
+    t, cpu = time.perf_counter(), cpu_cases.tree_cpu_seconds()
     res = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     if str(llm.llm_engine.config.device_config.device).startswith("cuda"):
         torch.cuda.synchronize()
+    elapsed, cpu = time.perf_counter() - t, cpu_cases.tree_cpu_seconds() - cpu
     tokens = sum(outs) + (sum(map(len, prompts)) if count_prompts else 0)
-    return tokens / (time.perf_counter() - t), [list(r.outputs[0].token_ids) for r in res]
+    return tokens / elapsed, tokens / cpu, [list(r.outputs[0].token_ids) for r in res]
 
 
 def bench_engine(args, prompts, outs, threads=None, count_prompts=False, max_num_batched_tokens=None) -> float:
@@ -107,7 +109,7 @@ def case_decode(args, hf_config, model_dir) -> None:
           f"outputs {args.min_out}-{args.max_out}", flush=True)
     ours = bench_engine(args, prompts, outs, args.threads)
     print(f"threads: {torch.get_num_threads()} of {os.cpu_count()} cpus", flush=True)
-    print(f"engine: {ours:.1f} tok/s", flush=True)
+    print(f"engine: {ours:.1f} tok/s ({cpu_cases.load_note()})", flush=True)
     if not args.skip_transformers:
         theirs = bench_transformers(args, prompts, outs, hf_config, model_dir)
         print(f"transformers: {theirs:.1f} tok/s", flush=True)
@@ -162,16 +164,22 @@ def case_vllm(args, hf_config, model_dir) -> None:
         os.environ.pop("GOMP_SPINCOUNT", None)
     theirs_llm = cpu_cases.VllmRunner(model_dir, args.max_model_len, args.threads)
     ours_llm = build_engine(args, args.threads)
-    ours, theirs = [], []
-    for _ in range(args.repeats):
-        tok_s, our_out = run_engine(ours_llm, prompts, outs)
-        ours.append(tok_s)
-        tok_s, their_out = theirs_llm.generate(prompts, outs)
-        theirs.append(tok_s)
+    ours, theirs, ratios, cpu_ratios = [], [], [], []
+    for i in range(args.repeats):
+        tok_s, cpu_tok_s, our_out = run_engine(ours_llm, prompts, outs)
+        ours.append((tok_s, cpu_tok_s))
+        tok_s, cpu_tok_s, their_out = theirs_llm.generate(prompts, outs)
+        theirs.append((tok_s, cpu_tok_s))
+        ratios.append(ours[-1][0] / tok_s)
+        cpu_ratios.append(ours[-1][1] / cpu_tok_s)
+        print(f"round {i + 1}: engine {ours[-1][0]:.1f}, vllm {tok_s:.1f} tok/s ({cpu_cases.load_note()})", flush=True)
     same = sum(a == b for a, b in zip(our_out, their_out))
-    print(f"engine: {statistics.median(ours):.1f} tok/s", flush=True)
-    print(f"vllm: {statistics.median(theirs):.1f} tok/s", flush=True)
-    print(f"ratio vs vllm: {statistics.median(ours) / statistics.median(theirs):.2f}", flush=True)
+    for name, runs in (("engine", ours), ("vllm", theirs)):
+        print(f"{name}: {statistics.median(r[0] for r in runs):.1f} tok/s, "
+              f"{statistics.median(r[1] for r in runs):.1f} tok per cpu-s", flush=True)
+    # Per round, then the median: a round's two runs saw about the same load.
+    print(f"ratio vs vllm: {statistics.median(ratios):.2f} (median of rounds)", flush=True)
+    print(f"ratio vs vllm, cpu time: {statistics.median(cpu_ratios):.2f} (median of rounds)", flush=True)
     print(f"identical outputs: {same}/{len(prompts)}", flush=True)
 
 

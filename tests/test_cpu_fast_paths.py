@@ -11,6 +11,7 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from engine.config import OPENMP_SPIN_COUNT, bound_openmp_spin
+from engine.model_executor.attention import cpu_decode
 from engine.model_executor.attention.torch_backend import forward, reshape_and_cache
 from engine.model_executor.forward_context import build_attn_metadata
 from engine.model_executor.layers.cpu_linear import PackedLinear, onednn_packing_available, pack_linears
@@ -76,3 +77,35 @@ def test_a_wait_policy_the_user_chose_is_left_alone(no_wait_policy):
 def test_too_late_once_torch_is_loaded(no_wait_policy):
     assert bound_openmp_spin() is False
     assert "GOMP_SPINCOUNT" not in os.environ
+
+
+def test_decode_index_names_each_heads_kv_rows_through_the_block_table():
+    block_size, heads, kv_heads = 4, 6, 2
+    tables = torch.tensor([[7, 3, 0], [2, 9, 5]], dtype=torch.int32)
+    lens = [6, 11]
+    index = cpu_decode.build_decode_index(tables, lens, block_size, heads, kv_heads)
+    expected = []
+    for table, n in zip(tables.tolist(), lens):
+        for h in range(heads):
+            expected += [(table[p // block_size] * block_size + p % block_size) * kv_heads + h // 3 for p in range(n)]
+    assert index.cols.tolist() == expected
+    assert index.crow.tolist() == [0] + torch.tensor([n for n in lens for _ in range(heads)]).cumsum(0).tolist()
+    assert index.split_sizes == [heads * n for n in lens]
+
+
+def test_float32_cpu_decodes_read_the_cache_in_place_and_share_one_index(monkeypatch):
+    from engine.model_executor.attention import torch_backend
+
+    def gathered(*args, **kwargs):
+        raise AssertionError("float32 CPU decodes must not gather their blocks")
+
+    monkeypatch.setattr(torch_backend, "paged_decode", gathered)
+    gen = torch.Generator().manual_seed(1)
+    cache = torch.randn(2, 12, 16, 2, 32, generator=gen)
+    meta = build_attn_metadata([1, 1], [20, 35], [[4, 5], [1, 2, 3]], 16, "cpu")
+    q, kv = torch.randn(2, 4, 32, generator=gen), torch.randn(2, 2, 32, generator=gen)
+    first = forward(q, kv, kv, cache, meta, 0.2)
+    index = meta.decode_index
+    second = forward(q, kv, kv, cache, meta, 0.2)  # a second layer of the same step
+    assert meta.decode_index is index
+    torch.testing.assert_close(first, second)

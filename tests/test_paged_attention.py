@@ -162,13 +162,15 @@ def test_backend_lookup_resolves_auto_and_rejects_unknown_names():
         get_attn_backend("nope", "cpu")
 
 
-def test_many_decodes_of_ragged_lengths_span_several_decode_groups():
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_many_decodes_of_ragged_lengths_span_several_decode_groups(dtype):
+    # float32 takes the CPU in-place decode (cpu_decode), float64 the gathered groups
     from engine.model_executor.attention.torch_backend import DECODE_GROUP
 
     num = 2 * DECODE_GROUP + 3
     seq_lens = [5 + (i * 37) % 90 for i in range(num)]
     query_lens = [1] * num + [7]
     seq_lens = seq_lens + [40]
-    seqs, cache, meta, q, k, v = make_case(query_lens, seq_lens, 4, 64, 16)
+    seqs, cache, meta, q, k, v = make_case(query_lens, seq_lens, 4, 64, 16, dtype=dtype)
     out = forward(q, k, v, cache, meta, 64**-0.5)
     check_against_reference(out, seqs, query_lens, 64**-0.5)

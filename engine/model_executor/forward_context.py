@@ -25,6 +25,8 @@ class AttentionMetadata:
     num_decode_tokens: int
     query_start_loc_cpu: list[int]    # host copy of query_start_loc, for per-sequence loops
     seq_lens_cpu: list[int]
+    # Derived once per step by the backend that needs it (the CPU decode index), then read by every layer.
+    decode_index: object | None = None
 
     @property
     def num_seqs(self) -> int:

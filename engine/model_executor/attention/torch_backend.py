@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from engine.model_executor.attention import cpu_decode
 from engine.model_executor.forward_context import AttentionMetadata
 
 
@@ -18,10 +19,13 @@ def reshape_and_cache(
     _, num_blocks, block_size, num_kv_heads, head_size = kv_cache.shape
     flat = kv_cache.view(2, num_blocks * block_size, num_kv_heads, head_size)
     num_tokens = slot_mapping.shape[0]
-    valid = slot_mapping >= 0
-    slots = slot_mapping[valid]  # boolean indexing syncs on CUDA; fused kernels avoid this later
-    flat[0].index_copy_(0, slots, key[:num_tokens][valid].to(kv_cache.dtype))
-    flat[1].index_copy_(0, slots, value[:num_tokens][valid].to(kv_cache.dtype))
+    key, value = key[:num_tokens], value[:num_tokens]
+    if slot_mapping.device.type != "cpu" or (num_tokens and int(slot_mapping.min()) < 0):
+        valid = slot_mapping >= 0
+        slot_mapping = slot_mapping[valid]  # boolean indexing syncs on CUDA; fused kernels avoid this later
+        key, value = key[valid], value[valid]
+    flat[0].index_copy_(0, slot_mapping, key.to(kv_cache.dtype))
+    flat[1].index_copy_(0, slot_mapping, value.to(kv_cache.dtype))
 
 
 def causal_attention(
@@ -73,6 +77,18 @@ def paged_decode(
     return out.view(num_seqs, num_heads, head_size).to(q.dtype)
 
 
+def _decode_index(meta: AttentionMetadata, kv_cache: torch.Tensor, num_heads: int) -> cpu_decode.DecodeIndex:
+    """The step's decode index, built by the first layer that asks and reused by the others."""
+    num_kv_heads = kv_cache.shape[3]
+    index = meta.decode_index
+    if not isinstance(index, cpu_decode.DecodeIndex) or (index.num_heads, index.num_kv_heads) != (
+            num_heads, num_kv_heads):
+        index = cpu_decode.build_decode_index(meta.block_tables, meta.seq_lens_cpu[:meta.num_decodes],
+                                              kv_cache.shape[2], num_heads, num_kv_heads)
+        meta.decode_index = index
+    return index
+
+
 def _gather_context(
     kv_cache: torch.Tensor, block_table: torch.Tensor, seq_len: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -108,7 +124,10 @@ def forward(
     n = meta.num_actual_tokens
     reshape_and_cache(k[:n], v[:n], kv_cache, meta.slot_mapping[:n])
     nd = meta.num_decodes
-    if nd:
+    if nd and cpu_decode.supports(kv_cache):
+        assert meta.num_decode_tokens == nd, "decode sequences must have query length 1"
+        out[:nd] = cpu_decode.paged_decode(q[:nd], kv_cache, _decode_index(meta, kv_cache, q.shape[1]), scale)
+    elif nd:
         assert meta.num_decode_tokens == nd, "decode sequences must have query length 1"
         # Contiguous groups, each padded only to its own longest context: with decodes ordered by
         # length (the runner does this) padding, and so wasted attention work, stays small.

@@ -5,16 +5,19 @@ import torch
 from torch import nn
 
 
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """weight * x / rms(x) over the last dim, the rms taken in float32; weight broadcasts, so one call
+    can normalise q and k heads together with their own weights stacked."""
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
 class RMSNorm(nn.Module):
     def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(hidden_size))
-
-    def _norm(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(x.dtype)
 
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None = None
@@ -24,6 +27,6 @@ class RMSNorm(nn.Module):
         The fused form lets a decoder layer carry the residual stream without extra adds at call sites.
         """
         if residual is None:
-            return self._norm(x)
+            return rms_norm(x, self.weight, self.eps)
         x = x + residual
-        return self._norm(x), x
+        return rms_norm(x, self.weight, self.eps), x

@@ -61,20 +61,29 @@ class RotaryEmbedding(nn.Module):
         # Built in float32 once; bf16 angles at large positions would be badly off.
         self.register_buffer("cos_sin_cache", torch.cat([freqs.cos(), freqs.sin()], dim=-1), persistent=False)
 
-    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        shape = x.shape
-        x = x.view(shape[0], -1, self.head_size)
+    def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-token factors [T, 1, rotary_dim] for `rotate`: cos twice, and sin as (-sin, sin).
+
+        A model looks them up once per forward and hands them to every layer. The sign folded into
+        sin turns neox rotation into x * cos + swap_halves(x) * sin, which rounds exactly as
+        x1 * cos - x2 * sin and x2 * cos + x1 * sin do."""
+        cos, sin = self.cos_sin_cache[positions].chunk(2, dim=-1)
+        return torch.cat([cos, cos], dim=-1)[:, None, :], torch.cat([-sin, sin], dim=-1)[:, None, :]
+
+    def rotate(self, x: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """x [T, heads, head_size] -> a rotated float copy in x's dtype."""
+        cos, sin = cos_sin
         rot = x[..., : self.rotary_dim].float()
         x1, x2 = rot.chunk(2, dim=-1)
-        rotated = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
+        rotated = (rot * cos).add_(torch.cat([x2, x1], dim=-1).mul_(sin)).to(x.dtype)
         if self.rotary_dim < self.head_size:
             rotated = torch.cat([rotated, x[..., self.rotary_dim :]], dim=-1)
-        return rotated.view(shape)
+        return rotated
 
     def forward(
         self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """query [T, nh*d] or [T, nh, d], key likewise; returns rotated copies of the same shapes."""
-        cos, sin = self.cos_sin_cache[positions].chunk(2, dim=-1)
-        cos, sin = cos[:, None, :], sin[:, None, :]
-        return self._rotate(query, cos, sin), self._rotate(key, cos, sin)
+        cos_sin = self.cos_sin(positions)
+        return (self.rotate(query.view(query.shape[0], -1, self.head_size), cos_sin).view(query.shape),
+                self.rotate(key.view(key.shape[0], -1, self.head_size), cos_sin).view(key.shape))

@@ -13,7 +13,7 @@ from torch import nn
 
 from engine.model_executor.layers.activation import SiluAndMul
 from engine.model_executor.layers.attention import Attention
-from engine.model_executor.layers.layernorm import RMSNorm
+from engine.model_executor.layers.layernorm import RMSNorm, rms_norm
 from engine.model_executor.layers.rotary_embedding import RotaryEmbedding, rope_params_from_config
 
 
@@ -50,13 +50,18 @@ class LlamaAttention(nn.Module):
             self.num_heads, self.head_dim, self.head_dim**-0.5, self.num_kv_heads, attn_backend, layer_idx=layer_idx
         )
 
-    def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
-        q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+    def forward(self, cos_sin: tuple[torch.Tensor, torch.Tensor], hidden: torch.Tensor) -> torch.Tensor:
+        qkv = self.qkv_proj(hidden)
+        num_tokens, heads = qkv.shape[0], self.num_heads + self.num_kv_heads
+        # q and k side by side as [T, q heads + kv heads, d]: one norm and one rotation serve both.
+        qk = qkv[:, : self.q_size + self.kv_size].view(num_tokens, heads, self.head_dim)
         if self.qk_norm:
-            q = self.q_norm(q.reshape(-1, self.num_heads, self.head_dim)).view(-1, self.q_size)
-            k = self.k_norm(k.reshape(-1, self.num_kv_heads, self.head_dim)).view(-1, self.kv_size)
-        q, k = self.rotary_emb(positions, q, k)
-        return self.o_proj(self.attn(q, k, v))
+            weight = torch.cat([self.q_norm.weight.expand(self.num_heads, -1),
+                                self.k_norm.weight.expand(self.num_kv_heads, -1)])
+            qk = rms_norm(qk, weight, self.q_norm.eps)
+        qk = self.rotary_emb.rotate(qk, cos_sin)
+        q, k = qk[:, : self.num_heads].flatten(1), qk[:, self.num_heads :].flatten(1)
+        return self.o_proj(self.attn(q, k, qkv[:, self.q_size + self.kv_size :]))
 
 
 class LlamaMLP(nn.Module):
@@ -79,14 +84,14 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(
-        self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None
+        self, cos_sin: tuple[torch.Tensor, torch.Tensor], hidden: torch.Tensor, residual: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Returns (mlp output, residual stream); the next norm adds them, saving a separate add."""
         if residual is None:
             residual, hidden = hidden, self.input_layernorm(hidden)
         else:
             hidden, residual = self.input_layernorm(hidden, residual)
-        hidden = self.self_attn(positions, hidden)
+        hidden = self.self_attn(cos_sin, hidden)
         hidden, residual = self.post_attention_layernorm(hidden, residual)
         return self.mlp(hidden), residual
 
@@ -106,8 +111,9 @@ class LlamaModel(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         hidden, residual = self.embed_tokens(input_ids), None
+        cos_sin = self.rotary_emb.cos_sin(positions)  # once per forward, shared by every layer
         for layer in self.layers:
-            hidden, residual = layer(positions, hidden, residual)
+            hidden, residual = layer(cos_sin, hidden, residual)
         return self.norm(hidden, residual)[0]
 
 
