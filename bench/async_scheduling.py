@@ -20,8 +20,10 @@ import time
 def _engine(async_scheduling: bool, mode: str | None, a: argparse.Namespace):
     from engine import LLM, SamplingParams
 
+    # On CUDA each engine would take most of the device's memory for its KV cache; 256 MiB each is plenty.
+    kv = {"kv_cache_memory": 256 << 20} if a.device.startswith("cuda") else {}
     llm = LLM(model=None, device=a.device, max_num_seqs=a.prompts, async_scheduling=async_scheduling,
-              num_threads=a.num_threads)
+              num_threads=a.num_threads, **kv)
     executor = llm.llm_engine.engine_core.engine_core.executor
     if mode is not None:
         executor.collective_rpc("set_step_overlap", mode)
