@@ -60,13 +60,13 @@ def main() -> None:
         if mode != default[1]:
             engines[f"async:{mode}"] = _engine(True, mode, a)
     times: dict[str, list[float]] = {name: [] for name in engines}
-    tokens: dict[str, list] = {}
+    runs: list[list] = []
     for _ in range(a.repeats):
         for name, (llm, _) in engines.items():
             t, toks = _time(llm, a)
             times[name].append(t)
-            tokens[name] = toks
-    same = all(t == tokens["sync"] for t in tokens.values())
+            runs.append(toks)
+    same = all(toks == runs[0] for toks in runs)
     import torch
 
     print(f"device {a.device}, torch threads {torch.get_num_threads()}, {a.prompts} prompts x {a.max_tokens} "
