@@ -24,11 +24,11 @@ def _engine(async_scheduling: bool, mode: str | None, a: argparse.Namespace):
     kv = {"kv_cache_memory": 256 << 20} if a.device.startswith("cuda") else {}
     llm = LLM(model=None, device=a.device, max_num_seqs=a.prompts, async_scheduling=async_scheduling,
               num_threads=a.num_threads, **kv)
-    executor = llm.llm_engine.engine_core.engine_core.executor
+    core = llm.llm_engine.engine_core.engine_core
     if mode is not None:
-        executor.collective_rpc("set_step_overlap", mode)
+        core.set_step_overlap(mode)
     llm.generate(_prompts(2), SamplingParams(max_tokens=4, temperature=0.0), use_tqdm=False)  # warm-up
-    return llm, executor.collective_rpc("get_step_overlap")[0]
+    return llm, core.executor.collective_rpc("get_step_overlap")[0]
 
 
 def _prompts(n: int) -> list[dict]:

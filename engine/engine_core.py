@@ -123,8 +123,8 @@ class EngineCore:
         """Write this run's trace directory and spans from now on (start-up spans included)."""
         from engine.tracing import EngineTrace
 
-        # step_overlap: how the live engine ran steps ("none", or under async scheduling "launch" = CUDA
-        # stream, "thread" = CPU worker thread), since the config's async_scheduling alone does not say.
+        # step_overlap: how the live engine ran steps ("none"; under async scheduling "launch", which overlaps
+        # on CUDA, or "thread", a CPU worker thread), since the config's async_scheduling alone does not say.
         overlap = self.executor.collective_rpc("get_step_overlap")[0]
         meta = {"source": "engine", "config": self.config.to_dict(), "kv_cache": dataclasses.asdict(self.kv_report),
                 "step_overlap": overlap, **meta}
@@ -133,6 +133,13 @@ class EngineCore:
         self.trace.spans.prepare_model(self.startup_phases)
         self.cycle.recorder = self.trace
         self.executor.collective_rpc("set_sync_timing", True)
+
+    def set_step_overlap(self, mode: str) -> None:
+        """How the runner launches steps (engine.worker.model_runner_output), between steps; a trace
+        being written learns of the change."""
+        self.executor.collective_rpc("set_step_overlap", mode)
+        if self.trace is not None:
+            self.trace.update_meta(step_overlap=mode)
 
     def add_request(self, request: EngineCoreRequest) -> None:
         req = Request(request.request_id, request.prompt_token_ids, request.sampling_params,
@@ -203,6 +210,13 @@ class InprocClient:
 
     def shutdown(self, **final_meta) -> None:
         self.engine_core.shutdown(**final_meta)
+
+    def set_step_overlap(self, mode: str) -> None:
+        """How the runner launches steps (engine.worker.model_runner_output), between steps; a trace
+        being written learns of the change."""
+        self.executor.collective_rpc("set_step_overlap", mode)
+        if self.trace is not None:
+            self.trace.update_meta(step_overlap=mode)
 
     def add_request(self, request: EngineCoreRequest) -> None:
         self.engine_core.add_request(request)
