@@ -5,12 +5,14 @@ reached the host. Three ways of doing that, named by `STEP_OVERLAPS`:
 
 - "none": vLLM's synchronous split, the forward in `execute_model` and sampling in `sample_tokens`;
   under async scheduling the previous step's sampling runs first thing in the next `execute_model`.
-- "launch": forward and sampling are queued together on the device and the sampled ids start their
-  copy to pinned host memory behind a CUDA event; `sample_tokens` waits on that event. On CUDA this is
-  the overlap (the host schedules and prepares step k+1 while the device runs step k); on a CPU the
-  ops run as they are queued, so nothing overlaps, but the same code runs and can be tested there.
+- "launch" (the default under async scheduling): forward and sampling are queued together on the
+  device and the sampled ids start their copy to pinned host memory behind a CUDA event;
+  `sample_tokens` waits on that event. On CUDA this is the overlap (the host schedules and prepares
+  step k+1 while the device runs step k); on a CPU the ops run as they are queued, so nothing overlaps,
+  but the CUDA code runs and is tested there.
 - "thread": the "launch" work runs in one worker thread (torch releases the GIL inside its ops), so
-  the CPU's main thread schedules and prepares the next step meanwhile.
+  the CPU's main thread schedules and prepares the next step meanwhile. It does overlap, but measured
+  slower on two cores: a small model's forward is mostly Python, and the threads queue for the GIL.
 
 In each, a step's decode inputs whose token the previous step samples (the scheduler's output
 placeholders) are copied from that step's sampled-id tensor where it lives, never through the host.
