@@ -4,7 +4,8 @@
 #      CUDA graphs vs eager, KV sizing from --gpu-memory-utilization);
 #   2. the throughput benchmark in nano-vllm's shape (Qwen3-0.6B shape, dummy weights, 256 sequences,
 #      input and output lengths random in 100-1024, ignore_eos), and vLLM's when it is importable;
-#   3. an engine trace of workloads/bursty.yaml, for the simulator's calibration (packed into $OUT).
+#   3. an engine trace of workloads/bursty.yaml, for the simulator's calibration (packed into $OUT);
+#   4. async scheduling's wall time against sync (bench/async_scheduling.py).
 # Missing pure-Python packages travel as wheels in .whl/ (bench/fetch_gpu_wheels.sh, run beforehand).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -30,4 +31,7 @@ echo "== 3. bursty trace"
 timeout 150 python3 -m engine.cli run --workload workloads/bursty.yaml --model qwen3-0.6b --max-model-len 8192 \
   --trace "$OUT/bursty_h200" --max-requests 200 --no-progress 2>&1 | tail -12
 tar czf "$OUT/bursty_h200.tgz" -C "$OUT" bursty_h200 && rm -rf "$OUT/bursty_h200"
+
+echo "== 4. async scheduling overlap (built-in model: host-bound steps, where overlap shows most)"
+timeout 120 python3 bench/async_scheduling.py --device cuda --repeats 5 2>&1 | grep -v Warning
 ls -la "$OUT"

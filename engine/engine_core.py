@@ -15,7 +15,7 @@ from engine.core.outputs import EngineCoreOutputs
 from engine.core.request import Request, RequestStatus
 from engine.core.sampling_params import SamplingParams
 from engine.core.async_scheduler import make_scheduler
-from engine.core.step_cycle import DeferredRunner, StepCycle
+from engine.core.step_cycle import StepCycle
 from engine.executor import UniProcExecutor
 
 logger = logging.getLogger("stepscope")
@@ -60,9 +60,10 @@ class EngineCore:
         config.cache_config.num_gpu_blocks = self.kv_report.num_blocks
         sc = config.scheduler_config
         self.scheduler = make_scheduler(sc, config.cache_config, clock)
-        # Async scheduling: vLLM's batch queue of two, the model runs each batch once its inputs are known.
-        runner = DeferredRunner(self.executor) if sc.async_scheduling else self.executor
-        self.cycle = StepCycle(self.scheduler, runner, clock, batch_queue_size=2 if sc.async_scheduling else 1)
+        # Async scheduling: vLLM's batch queue of two. The runner launches each batch without waiting for
+        # it (model_runner_output says how), so step k+1 is scheduled and prepared while step k runs.
+        self.cycle = StepCycle(self.scheduler, self.executor, clock,
+                               batch_queue_size=2 if sc.async_scheduling else 1)
         self.trace = None
 
     @contextlib.contextmanager
@@ -122,12 +123,23 @@ class EngineCore:
         """Write this run's trace directory and spans from now on (start-up spans included)."""
         from engine.tracing import EngineTrace
 
-        meta = {"source": "engine", "config": self.config.to_dict(), "kv_cache": dataclasses.asdict(self.kv_report), **meta}
+        # step_overlap: how the live engine ran steps ("none"; under async scheduling "launch", which overlaps
+        # on CUDA, or "thread", a CPU worker thread), since the config's async_scheduling alone does not say.
+        overlap = self.executor.collective_rpc("get_step_overlap")[0]
+        meta = {"source": "engine", "config": self.config.to_dict(), "kv_cache": dataclasses.asdict(self.kv_report),
+                "step_overlap": overlap, **meta}
         self.trace = EngineTrace(trace_dir, meta, self.scheduler, self.t0, self.config.model_config.model,
                                  otlp_endpoint)
         self.trace.spans.prepare_model(self.startup_phases)
         self.cycle.recorder = self.trace
         self.executor.collective_rpc("set_sync_timing", True)
+
+    def set_step_overlap(self, mode: str) -> None:
+        """How the runner launches steps (engine.worker.model_runner_output), between steps; a trace
+        being written learns of the change."""
+        self.executor.collective_rpc("set_step_overlap", mode)
+        if self.trace is not None:
+            self.trace.update_meta(step_overlap=mode)
 
     def add_request(self, request: EngineCoreRequest) -> None:
         req = Request(request.request_id, request.prompt_token_ids, request.sampling_params,
@@ -198,6 +210,13 @@ class InprocClient:
 
     def shutdown(self, **final_meta) -> None:
         self.engine_core.shutdown(**final_meta)
+
+    def set_step_overlap(self, mode: str) -> None:
+        """How the runner launches steps (engine.worker.model_runner_output), between steps; a trace
+        being written learns of the change."""
+        self.executor.collective_rpc("set_step_overlap", mode)
+        if self.trace is not None:
+            self.trace.update_meta(step_overlap=mode)
 
     def add_request(self, request: EngineCoreRequest) -> None:
         self.engine_core.add_request(request)

@@ -138,19 +138,3 @@ class StepCycle:
             return EngineCoreOutputs()
         return self.finish()[1]
 
-
-class DeferredRunner:
-    """Runs a batch only when its tokens are asked for. A runner that keeps each request's sampled
-    tokens in its own state then works under async scheduling unchanged: the decisions are vLLM's async
-    ones, but the next step's host work does not overlap this step's device work."""
-
-    def __init__(self, runner: StepRunner) -> None:
-        self.runner = runner
-        self.queue: deque[SchedulerOutput] = deque()
-
-    def execute_model(self, scheduler_output: SchedulerOutput) -> None:
-        self.queue.append(scheduler_output)
-
-    def sample_tokens(self) -> ModelRunnerOutput:
-        self.runner.execute_model(self.queue.popleft())
-        return self.runner.sample_tokens()

@@ -9,7 +9,6 @@ flash-attn); the torch reference backend runs eager.
 """
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from engine.model_executor.forward_context import AttentionMetadata, set_forward_context
@@ -69,19 +68,20 @@ class DecodeGraphs:
         return all_decodes and num_tokens <= self.sizes[-1] and bool(self.graphs)
 
     @torch.inference_mode()
-    def run(self, input_ids: np.ndarray, positions: np.ndarray, slot_mapping: np.ndarray, seq_lens: list[int],
-            block_table: np.ndarray) -> torch.Tensor:
-        """Replay the smallest graph that fits; padded rows write nothing and read the null block."""
+    def run(self, input_ids: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor,
+            seq_lens: torch.Tensor, block_table: torch.Tensor) -> torch.Tensor:
+        """Replay the smallest graph that fits; padded rows write nothing and read the null block.
+        The inputs are already on the device (input ids may come from the last step's sampled ids)."""
         n = len(input_ids)
         bs = next(s for s in self.sizes if s >= n)
-        self.input_ids[:n].copy_(torch.from_numpy(input_ids), non_blocking=True)
-        self.positions[:n].copy_(torch.from_numpy(positions), non_blocking=True)
-        self.slot_mapping[:n].copy_(torch.from_numpy(slot_mapping), non_blocking=True)
+        self.input_ids[:n].copy_(input_ids, non_blocking=True)
+        self.positions[:n].copy_(positions, non_blocking=True)
+        self.slot_mapping[:n].copy_(slot_mapping, non_blocking=True)
         self.slot_mapping[n:bs].fill_(-1)
-        self.seq_lens[:n].copy_(torch.tensor(seq_lens, dtype=torch.int32), non_blocking=True)
+        self.seq_lens[:n].copy_(seq_lens, non_blocking=True)
         self.seq_lens[n:bs].fill_(1)
         width = block_table.shape[1]
-        self.block_tables[:n, :width].copy_(torch.from_numpy(block_table), non_blocking=True)
+        self.block_tables[:n, :width].copy_(block_table, non_blocking=True)
         self.block_tables[:n, width:].zero_()
         self.block_tables[n:bs].zero_()
         graph, hidden = self.graphs[bs]

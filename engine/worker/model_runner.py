@@ -2,6 +2,10 @@
 and samples. Decodes go first in the batch so attention can treat them as one vectorised group."""
 from __future__ import annotations
 
+import weakref
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 import torch
 
@@ -14,8 +18,18 @@ from engine.model_executor.layers.sampler import Sampler, build_sampling_metadat
 from engine.model_executor.loader import KVCacheSpec, kv_cache_spec, load_model
 from engine.worker.cuda_graphs import GRAPH_BACKENDS, DecodeGraphs
 from engine.worker.input_batch import BatchInputs, CachedRequestState, build_batch
+from engine.worker.model_runner_output import (
+    PLACEHOLDER_TOKEN, STEP_OVERLAPS, PendingStep, PreparedStep, StepOutput, to_device)
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def default_step_overlap(async_scheduling: bool, device: torch.device) -> str:
+    """Synchronous scheduling runs vLLM's split. Async scheduling launches each step without waiting,
+    which overlaps through the CUDA stream; a CPU runs the same code with nothing overlapping, because
+    the worker thread ("thread") measured slower there: the forward of a small model is mostly Python,
+    so the two threads take turns on the GIL (bench/async_scheduling.py measures all three)."""
+    return "launch" if async_scheduling else "none"
 
 
 class ModelRunner:
@@ -28,8 +42,17 @@ class ModelRunner:
         self.sampler = Sampler()
         self.model: torch.nn.Module | None = None
         self.kv_caches: list[torch.Tensor] = []
-        self._pending: tuple[BatchInputs, torch.Tensor | None] | None = None
         self.graphs: DecodeGraphs | None = None
+        # Launched steps whose tokens `sample_tokens` has not collected yet, oldest first.
+        self._pending: deque[PendingStep] = deque()
+        sc = config.scheduler_config
+        self._batch_queue_size = 2 if sc.async_scheduling else 1
+        self.step_overlap = default_step_overlap(sc.async_scheduling, device)
+        # Request id -> row of the last launched step's sampled ids (host side, for the next step's inputs).
+        self._last_sample_rows: dict[str, int] = {}
+        # The last step's sampled ids on the device; read and written only where steps run (see _forward).
+        self._prev_sampled: torch.Tensor | None = None
+        self._pool: ThreadPoolExecutor | None = None
 
     # ---- start-up --------------------------------------------------------------------------------
     def load_model(self) -> None:
@@ -129,11 +152,57 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute_model(self, so: SchedulerOutput) -> None:
-        """Run the forward for the step; logits of the rows that sample wait for `sample_tokens`."""
+        """Prepare the step on the host and launch it (see model_runner_output for the three ways);
+        its tokens are collected, oldest first, by `sample_tokens`."""
         self._update_states(so)
+        # A step whose `sample_tokens` never came (its caller failed it first) is dropped here: with a
+        # batch queue of n, at most n - 1 older steps can still be waiting for theirs.
+        while len(self._pending) >= self._batch_queue_size:
+            self._pending.popleft()
         if so.total_num_scheduled_tokens == 0:
-            self._pending = None
+            self._pending.append(PendingStep(None))
             return
+        prep = self._prepare(so)
+        if self.step_overlap == "thread":
+            self._pending.append(PendingStep(prep, future=self._worker_thread().submit(self._launch, prep)))
+        elif self.step_overlap == "launch":
+            self._pending.append(PendingStep(prep, output=self._launch(prep)))
+        else:
+            for pending in self._pending:  # async scheduling: the previous step's tokens feed this one
+                self._sample_pending(pending)
+            self._pending.append(PendingStep(prep, logits=self._forward(prep)))
+
+    @torch.inference_mode()
+    def sample_tokens(self) -> ModelRunnerOutput:
+        """The oldest launched step's tokens, once on the host; they replace its placeholders here too."""
+        pending = self._pending.popleft()
+        prep = pending.prep
+        if prep is None:
+            return ModelRunnerOutput([], [])
+        if pending.future is not None:
+            pending.output = pending.future.result()
+        else:
+            self._sample_pending(pending)
+            if pending.error is not None:
+                raise pending.error
+        batch = prep.batch
+        sampled: list[list[int]] = [[] for _ in batch.req_ids]
+        if pending.output is None:
+            return ModelRunnerOutput(batch.req_ids, sampled)
+        tokens, lp = pending.output.to_host()
+        for row, (token_ids, index), tok in zip(batch.sample_rows, prep.slots, tokens):
+            token_ids[index] = tok
+            sampled[row] = [tok]
+        logprobs = None
+        if lp is not None:
+            ids, lps, ranks = lp
+            logprobs = {rid: LogprobsLists([ids[i][:k + 1]], [lps[i][:k + 1]], [ranks[i]])
+                        for i, rid, k in prep.logprob_reqs}
+        return ModelRunnerOutput(batch.req_ids, sampled, logprobs)
+
+    def _prepare(self, so: SchedulerOutput) -> PreparedStep:
+        """The step's host work: flatten the batch, send its inputs to the device, and mark each token
+        this step samples as a placeholder in its request's list until the host has it."""
         # Decodes first (attention treats them as one group), ordered by context length so that
         # neighbours need similar padding.
         reqs = self.requests
@@ -141,62 +210,116 @@ class ModelRunner:
                        key=lambda kv: (kv[1] != 1, reqs[kv[0]].num_computed_tokens))
         states = [reqs[rid] for rid, _ in items]
         batch = build_batch(states, [n for _, n in items], self.block_size)
-        num_tokens = len(batch.input_ids)
-        if self.graphs is not None and self.graphs.can_run(num_tokens, batch.num_decodes == len(states)):
-            hidden = self.graphs.run(batch.input_ids, batch.positions, batch.slot_mapping, batch.seq_lens,
-                                     batch.block_table)
+        dst, src = self._placeholder_sources(batch)
+        dev = self.device
+        graph = self.graphs is not None and self.graphs.can_run(len(batch.input_ids), batch.num_decodes == len(states))
+        prep = PreparedStep(
+            batch, to_device(batch.input_ids, dev), to_device(batch.positions, dev),
+            dst, src, None if graph else self._metadata(batch),
+            (to_device(batch.slot_mapping, dev), to_device(np.asarray(batch.seq_lens, dtype=np.int32), dev),
+             to_device(batch.block_table, dev)) if graph else None,
+            None, None, [])
+        rows = batch.sample_rows
+        if rows:
+            prep.logits_index = to_device(np.cumsum(batch.query_lens)[rows] - 1, dev)
+            sample_states = [states[r] for r in rows]
+            gens = {i: s.generator for i, s in enumerate(sample_states) if s.generator is not None}
+            prep.sampling = build_sampling_metadata([s.sampling_params for s in sample_states], gens, "cpu")
+            if dev.type != "cpu":
+                meta = prep.sampling
+                meta.temperature, meta.top_p, meta.top_k, meta.min_p = (
+                    None if t is None else to_device(t, dev) for t in (meta.temperature, meta.top_p, meta.top_k,
+                                                                       meta.min_p))
+            for i, (r, s) in enumerate(zip(rows, sample_states)):
+                p = s.sampling_params
+                if p.min_tokens and batch.seq_lens[r] - s.num_prompt_tokens < p.min_tokens:
+                    banned = list(p.stop_token_ids) + ([s.eos_token_id] if s.eos_token_id is not None else [])
+                    if banned:
+                        prep.banned.append((i, banned))
+                if p.logprobs is not None:
+                    prep.logprob_reqs.append((i, s.req_id, p.logprobs))
+                s.token_ids.append(PLACEHOLDER_TOKEN)
+                prep.slots.append((s.token_ids, len(s.token_ids) - 1))
+        self._last_sample_rows = {batch.req_ids[r]: i for i, r in enumerate(rows)}
+        return prep
+
+    def _placeholder_sources(self, batch: BatchInputs) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """Batch positions fed by the previous step's sampled ids, and that step's rows for them.
+
+        A placeholder the previous step does not sample can only be left by a step that failed, whose
+        requests are being ended; it gets token 0, so the rest of the batch still runs."""
+        positions = np.flatnonzero(batch.input_ids == PLACEHOLDER_TOKEN)
+        if not len(positions):
+            return None, None
+        owner = np.searchsorted(np.cumsum(batch.query_lens), positions, side="right")
+        prev_rows = self._last_sample_rows
+        src = np.array([prev_rows.get(batch.req_ids[i], -1) for i in owner], dtype=np.int64)
+        batch.input_ids[positions[src < 0]] = 0
+        keep = src >= 0
+        if not keep.any():
+            return None, None
+        return to_device(positions[keep], self.device), to_device(src[keep], self.device)
+
+    def _forward(self, prep: PreparedStep) -> torch.Tensor | None:
+        """Device work up to the logits of the rows that sample."""
+        prev, self._prev_sampled = self._prev_sampled, None
+        ids = prep.input_ids
+        if prep.placeholder_dst is not None:
+            if prev is None:  # the step that samples them failed: its requests are ended, see above
+                ids.index_fill_(0, prep.placeholder_dst, 0)
+            else:
+                ids.index_copy_(0, prep.placeholder_dst, prev.index_select(0, prep.placeholder_src))
+        if prep.graph_inputs is not None:
+            hidden = self.graphs.run(ids, prep.positions, *prep.graph_inputs)
         else:
-            with set_forward_context(self._metadata(batch)):
-                hidden = self.model(*self._inputs(batch))
-        logits = None
-        if batch.sample_rows:
-            last = np.cumsum(batch.query_lens)[batch.sample_rows] - 1
-            logits = self.model.compute_logits(hidden[torch.from_numpy(last).to(self.device)])
-        self._pending = (batch, logits)
+            with set_forward_context(prep.metadata):
+                hidden = self.model(ids, prep.positions)
+        return None if prep.logits_index is None else self.model.compute_logits(hidden[prep.logits_index])
+
+    def _sample(self, prep: PreparedStep, logits: torch.Tensor | None) -> StepOutput | None:
+        if logits is None:
+            return None
+        for row, banned in prep.banned:  # vLLM's min-tokens rule: no EOS or stop token before min_tokens
+            logits[row, banned] = float("-inf")
+        out = self.sampler(logits, prep.sampling)
+        self._prev_sampled = out.sampled_token_ids
+        return StepOutput(out, self.device)
 
     @torch.inference_mode()
-    def sample_tokens(self) -> ModelRunnerOutput:
-        if self._pending is None:
-            return ModelRunnerOutput([], [])
-        batch, logits = self._pending
-        self._pending = None
-        sampled: list[list[int]] = [[] for _ in batch.req_ids]
-        if logits is None:
-            return ModelRunnerOutput(batch.req_ids, sampled)
-        states = [self.requests[batch.req_ids[r]] for r in batch.sample_rows]
-        self._mask_stop_tokens_before_min_tokens(logits, states)
-        gens = {i: s.generator for i, s in enumerate(states) if s.generator is not None}
-        out = self.sampler(logits, build_sampling_metadata([s.sampling_params for s in states], gens, self.device))
-        tokens = out.sampled_token_ids.tolist()
-        logprobs = self._logprobs(out, states) if out.logprobs is not None else None
-        for row, state, tok in zip(batch.sample_rows, states, tokens):
-            state.token_ids.append(tok)
-            sampled[row] = [tok]
-        return ModelRunnerOutput(batch.req_ids, sampled, logprobs)
+    def _launch(self, prep: PreparedStep) -> StepOutput | None:
+        """Forward and sampling queued together ("launch"; in the worker thread for "thread")."""
+        return self._sample(prep, self._forward(prep))
 
-    @staticmethod
-    def _mask_stop_tokens_before_min_tokens(logits: torch.Tensor, states: list[CachedRequestState]) -> None:
-        """Until min_tokens are out, EOS and stop token ids cannot be sampled (vLLM's min-tokens rule)."""
-        for row, s in enumerate(states):
-            p = s.sampling_params
-            if p.min_tokens and s.num_output_tokens < p.min_tokens:
-                banned = list(p.stop_token_ids) + ([s.eos_token_id] if s.eos_token_id is not None else [])
-                if banned:
-                    logits[row, banned] = float("-inf")
+    def _sample_pending(self, pending: PendingStep) -> None:
+        """Run a "none" step's sampling once; an error stays with that step, for its own `sample_tokens`."""
+        if pending.sampled or pending.prep is None or pending.future is not None or pending.output is not None:
+            return
+        pending.sampled = True
+        logits, pending.logits = pending.logits, None
+        try:
+            pending.output = self._sample(pending.prep, logits)
+        except Exception as e:
+            self._prev_sampled = None
+            pending.error = e
 
-    @staticmethod
-    def _logprobs(out, states: list[CachedRequestState]) -> dict[str, LogprobsLists]:
-        ids, lps, ranks = out.logprob_token_ids.tolist(), out.logprobs.tolist(), out.ranks.tolist()
-        result = {}
-        for i, s in enumerate(states):
-            k = s.sampling_params.logprobs
-            if k is not None:
-                result[s.req_id] = LogprobsLists([ids[i][:k + 1]], [lps[i][:k + 1]], [ranks[i]])
-        return result
+    def _worker_thread(self) -> ThreadPoolExecutor:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="stepscope-model")
+            weakref.finalize(self, self._pool.shutdown, wait=False)
+        return self._pool
+
+    def set_step_overlap(self, mode: str) -> None:
+        """Choose how steps are launched (STEP_OVERLAPS); only between steps."""
+        if mode not in STEP_OVERLAPS:
+            raise ValueError(f"step overlap: one of {STEP_OVERLAPS}, got {mode!r}")
+        if mode == "thread" and self.device.type != "cpu":
+            raise ValueError("step overlap 'thread' is for CPUs; CUDA overlaps through its stream ('launch')")
+        if self._pending:
+            raise RuntimeError("step overlap can only change while no step is in flight")
+        self.step_overlap = mode
 
     def _inputs(self, batch: BatchInputs) -> tuple[torch.Tensor, torch.Tensor]:
-        return (torch.from_numpy(batch.input_ids).to(self.device, non_blocking=True),
-                torch.from_numpy(batch.positions).to(self.device, non_blocking=True))
+        return to_device(batch.input_ids, self.device), to_device(batch.positions, self.device)
 
     def _metadata(self, batch: BatchInputs) -> AttentionMetadata:
         qsl = [0]
@@ -205,10 +328,10 @@ class ModelRunner:
         dev = self.device
         return AttentionMetadata(
             num_actual_tokens=qsl[-1],
-            slot_mapping=torch.from_numpy(batch.slot_mapping).to(dev, non_blocking=True),
-            query_start_loc=torch.tensor(qsl, dtype=torch.int32, device=dev),
-            seq_lens=torch.tensor(batch.seq_lens, dtype=torch.int32, device=dev),
-            block_tables=torch.from_numpy(batch.block_table).to(dev, non_blocking=True),
+            slot_mapping=to_device(batch.slot_mapping, dev),
+            query_start_loc=to_device(np.asarray(qsl, dtype=np.int32), dev),
+            seq_lens=to_device(np.asarray(batch.seq_lens, dtype=np.int32), dev),
+            block_tables=to_device(batch.block_table, dev),
             max_query_len=max(batch.query_lens), max_seq_len=max(batch.seq_lens),
             num_decodes=batch.num_decodes, num_decode_tokens=batch.num_decodes,
             query_start_loc_cpu=qsl, seq_lens_cpu=batch.seq_lens)

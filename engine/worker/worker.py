@@ -84,12 +84,19 @@ class Worker:
         return self.model_runner.capture_cudagraphs()
 
     def set_sync_timing(self, enabled: bool) -> None:
-        """When traced, wait for the device after the forward so the execute span covers the GPU work."""
+        """When traced, wait for the device after the forward so the execute span covers the GPU work.
+        Not while steps overlap: waiting there would take away the overlap being measured."""
         self.sync_timing = enabled
+
+    def get_step_overlap(self) -> str:
+        return self.model_runner.step_overlap
+
+    def set_step_overlap(self, mode: str) -> None:
+        self.model_runner.set_step_overlap(mode)
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> None:
         self.model_runner.execute_model(scheduler_output)
-        if self.sync_timing and self.device.type == "cuda":
+        if self.sync_timing and self.device.type == "cuda" and self.model_runner.step_overlap == "none":
             torch.cuda.synchronize(self.device)
 
     def sample_tokens(self) -> ModelRunnerOutput:

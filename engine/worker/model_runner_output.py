@@ -1,0 +1,107 @@
+"""What one launched step carries between the model runner's `execute_model` and `sample_tokens`.
+
+Async scheduling (a batch queue of two) asks the runner to launch step k+1 before step k's tokens have
+reached the host. Three ways of doing that, named by `STEP_OVERLAPS`:
+
+- "none": vLLM's synchronous split, the forward in `execute_model` and sampling in `sample_tokens`;
+  under async scheduling the previous step's sampling runs first thing in the next `execute_model`.
+- "launch" (the default under async scheduling): forward and sampling are queued together on the
+  device and the sampled ids start their copy to pinned host memory behind a CUDA event;
+  `sample_tokens` waits on that event. On CUDA this is the overlap (the host schedules and prepares
+  step k+1 while the device runs step k); on a CPU the ops run as they are queued, so nothing overlaps,
+  but the CUDA code runs and is tested there.
+- "thread": the "launch" work runs in one worker thread (torch releases the GIL inside its ops), so
+  the CPU's main thread schedules and prepares the next step meanwhile. It does overlap, but measured
+  slower on two cores: a small model's forward is mostly Python, and the threads queue for the GIL.
+
+In each, a step's decode inputs whose token the previous step samples (the scheduler's output
+placeholders) are copied from that step's sampled-id tensor where it lives, never through the host.
+"""
+from __future__ import annotations
+
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from engine.model_executor.forward_context import AttentionMetadata
+from engine.model_executor.layers.sampler import SamplerOutput, SamplingMetadata
+from engine.worker.input_batch import BatchInputs
+
+STEP_OVERLAPS = ("none", "launch", "thread")
+# The runner's token list holds this where a token is sampled but not yet on the host.
+PLACEHOLDER_TOKEN = -1
+
+
+@dataclass(slots=True)
+class PreparedStep:
+    """Host work of one step, done before its launch: the batch and its inputs already on the device."""
+
+    batch: BatchInputs
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    # Flat batch positions whose token the previous step samples, and that step's sampled-id rows for them.
+    placeholder_dst: torch.Tensor | None
+    placeholder_src: torch.Tensor | None
+    metadata: AttentionMetadata | None  # None when the step replays a CUDA graph
+    graph_inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None  # slot_mapping, seq_lens, block_table
+    logits_index: torch.Tensor | None  # the hidden-state rows that sample; None when no row samples
+    sampling: SamplingMetadata | None
+    banned: list[tuple[int, list[int]]]  # (sample row, token ids that min_tokens forbids)
+    # Per sample row: the request's token list and the index its placeholder holds there.
+    slots: list[tuple[list[int], int]] = field(default_factory=list)
+    logprob_reqs: list[tuple[int, str, int]] = field(default_factory=list)  # (sample row, request id, k)
+
+
+class StepOutput:
+    """One step's sampled ids (and logprobs) on their way to the host. On CUDA the copies go to pinned
+    memory without blocking and an event marks their end, so nothing waits until `to_host`."""
+
+    __slots__ = ("sampled", "logprobs", "event")
+
+    def __init__(self, out: SamplerOutput, device: torch.device) -> None:
+        lp = (out.logprob_token_ids, out.logprobs, out.ranks) if out.logprobs is not None else None
+        self.event = None
+        if device.type != "cuda":
+            self.sampled, self.logprobs = out.sampled_token_ids, lp
+            return
+        self.sampled = _to_pinned(out.sampled_token_ids)
+        self.logprobs = tuple(_to_pinned(t) for t in lp) if lp is not None else None
+        # A blocking event: the host sleeps in `synchronize` instead of spinning on the driver.
+        self.event = torch.cuda.Event(blocking=True)
+        self.event.record()
+
+    def to_host(self) -> tuple[list[int], tuple[list, list, list] | None]:
+        if self.event is not None:
+            self.event.synchronize()
+        lp = self.logprobs
+        return self.sampled.tolist(), (tuple(t.tolist() for t in lp) if lp is not None else None)
+
+
+@dataclass(slots=True)
+class PendingStep:
+    """A launched step until `sample_tokens` takes it: exactly one of future / output / logits is the
+    way to its tokens ("thread", "launch", "none"); prep is None for a step that scheduled nothing."""
+
+    prep: PreparedStep | None
+    future: Future | None = None
+    output: StepOutput | None = None
+    logits: torch.Tensor | None = None
+    sampled: bool = False
+    error: Exception | None = None
+
+
+def _to_pinned(t: torch.Tensor) -> torch.Tensor:
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    host.copy_(t, non_blocking=True)
+    return host
+
+
+def to_device(a: np.ndarray | torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Host array to `device` without making the host wait for the device's queue: through pinned
+    memory and a non-blocking copy on CUDA (a pageable or blocking copy would synchronise the stream)."""
+    t = torch.from_numpy(a) if isinstance(a, np.ndarray) else a
+    if device.type == "cpu":
+        return t
+    return t.pin_memory().to(device, non_blocking=True)
