@@ -154,7 +154,7 @@ class FakeVllm:
             if queue:
                 so, out = queue.pop(0)
                 self.sched.update_from_output(so, out)
-            if stop_after is not None and self.sched.stepscope.recorder.step >= stop_after:
+            if stop_after is not None and self.sched.stepscope.num_steps >= stop_after:
                 return
             time.sleep(0.0005)
 
@@ -169,10 +169,13 @@ def arrivals() -> dict[int, list[tuple[str, list[int], int]]]:
     return out
 
 
-def record_fake(tmp_path, monkeypatch, name: str, async_scheduling=False, reserve_full_isl=True, **kw):
+def record_fake(tmp_path, monkeypatch, name: str, async_scheduling=False, reserve_full_isl=True,
+                flush_interval=None, **kw):
     path = tmp_path / name
     monkeypatch.setenv(TRACE_DIR_ENV, str(path))
     fake = FakeVllm(async_scheduling, reserve_full_isl)
+    if flush_interval is not None:
+        fake.sched.stepscope.flush_interval = flush_interval
     fake.run(arrivals(), **kw)
     return path, fake
 
@@ -249,11 +252,21 @@ def test_block_events_rebuild_vllms_block_tables(tmp_path, monkeypatch):
 
 
 def test_trace_cut_short_reads_up_to_the_last_step(tmp_path, monkeypatch):
-    path, fake = record_fake(tmp_path, monkeypatch, "cut", reserve_full_isl=False, stop_after=6)
+    path, fake = record_fake(tmp_path, monkeypatch, "cut", reserve_full_isl=False, stop_after=6, flush_interval=0.0)
     t = traces.load(path)
     assert not t.meta["complete"]
     assert len(t.steps) == 6
     assert set(t.decisions["step"]) <= set(range(6))
+
+
+def test_rows_wait_for_the_flush_interval_while_vllm_is_busy(tmp_path, monkeypatch):
+    path, fake = record_fake(tmp_path, monkeypatch, "pending", reserve_full_isl=False, stop_after=6,
+                             flush_interval=3600.0)
+    rec = fake.sched.stepscope
+    assert rec.num_steps == 6 and sum(fn == rec._write_step for fn, _ in rec.pending) == 6
+    assert traces.load(path).steps.empty
+    rec.flush()
+    assert len(traces.load(path).steps) == 6
 
 
 def test_without_the_environment_variable_nothing_is_recorded(monkeypatch):
