@@ -15,8 +15,9 @@ Printed:
   counts in full here, where the median sees mostly the steps in between);
 - `cpu_ratio`: the paired median on the process's CPU time, which other processes disturb less;
 - `recorder_per_step`: the recorder's own time, timed directly around its hooks (the writes of pending
-  rows included) and its KV cache manager wrappers (less vLLM's call inside), per recorded step, and
-  `recorder_share`, that time against the median off step: the overhead with the noise taken out.
+  rows included) and its KV cache manager wrappers (less vLLM's call inside), per recorded step (mean
+  and median: the mean carries the steps that write), and `recorder_share`, the mean against the mean
+  off step: the overhead without the neighbouring-step noise.
 
     python bench/vllm_recorder.py [--requests 16] [--max-tokens 48] [--repeats 10] [--profile]
 """
@@ -108,23 +109,27 @@ class _Switch:
 
 
 def _run(engine, prompts: list[list[int]], max_tokens: int, tag: str, switch: _Switch, phase: int = 0,
-         pairs: list[tuple[float, float, float, float]] | None = None) -> int:
+         pairs: list[tuple[float, float, float, float]] | None = None, timer: _Timer | None = None,
+         own: list[float] | None = None) -> None:
     """All prompts to completion, recording on for steps of parity `phase`; appends (on, off, cpu on,
-    cpu off) for each neighbouring pair of steps; returns the number of recorded steps."""
+    cpu off) for each neighbouring pair of steps to `pairs` and the recorder's own time in each
+    recorded step to `own`."""
     from vllm import SamplingParams
 
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     for i, p in enumerate(prompts):
         engine.add_request(f"{tag}-{i}", {"prompt_token_ids": p}, params)
-    k, recorded = 0, 0
+    k = 0
     held: tuple[bool, float, float] | None = None
     while engine.has_unfinished_requests():
         on = k % 2 == phase
         switch.set(on)
+        before = timer.total() if timer is not None else 0.0
         t, c = time.perf_counter(), time.process_time()
         engine.step()
         wall, cpu = time.perf_counter() - t, time.process_time() - c
-        recorded += on
+        if on and own is not None:
+            own.append(timer.total() - before)
         if held is None:
             held = (on, wall, cpu)
         else:
@@ -135,7 +140,6 @@ def _run(engine, prompts: list[list[int]], max_tokens: int, tag: str, switch: _S
             held = None
         k += 1
     switch.set(True)
-    return recorded
 
 
 def _paired_median(on, off, seed: int = 0) -> tuple[float, float, float]:
@@ -177,20 +181,24 @@ def main() -> None:
     _run(engine, prompts, 4, "warm", switch)
     timer.reset()
     pairs: list[tuple[float, float, float, float]] = []
-    recorded = sum(_run(engine, prompts, args.max_tokens, f"r{r}", switch, r % 2, pairs)
-                   for r in range(args.repeats))
+    own: list[float] = []
+    for r in range(args.repeats):
+        _run(engine, prompts, args.max_tokens, f"r{r}", switch, r % 2, pairs, timer, own)
     sched.close_trace()
     on, off, cpu_on, cpu_off = map(list, zip(*pairs))
     ratio, lo, hi = _paired_median(on, off)
     step_off = statistics.median(off)
-    per_step = timer.total() / max(recorded, 1)
+    recorded = len(own)
+    per_step = statistics.fmean(own)
     print(f"requests: {args.requests} x {args.max_tokens} tokens, {args.repeats} repeats, {len(pairs)} step pairs "
           f"(on, off); load (1 min) {load_before:.2f} before, {os.getloadavg()[0]:.2f} after, "
           f"{os.cpu_count()} CPUs")
     print(f"step_time_off: {step_off * 1e3:.3f} ms (median)")
     print(f"step_time_on: {statistics.median(on) * 1e3:.3f} ms (median)")
-    print(f"recorder_per_step: {per_step * 1e6:.1f} us (timed directly, {recorded} recorded steps)")
-    print(f"recorder_share: {100 * per_step / step_off:.2f} % of the off step")
+    print(f"recorder_per_step: {per_step * 1e6:.1f} us mean, {statistics.median(own) * 1e6:.1f} us median "
+          f"(timed directly, {recorded} recorded steps)")
+    print(f"recorder_share: {100 * per_step / statistics.fmean(off):.2f} % (mean recorder time / mean off step; "
+          f"a loaded machine stretches both alike)")
     print(f"ratio: {ratio:.3f} (paired median; 90% interval {lo:.3f}-{hi:.3f})")
     print(f"ratio_mean: {sum(on) / sum(off):.3f}")
     print(f"cpu_ratio: {_paired_median(cpu_on, cpu_off)[0]:.3f}")
