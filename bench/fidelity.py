@@ -7,7 +7,10 @@ held-out run from its arrivals with `--samples N` (seeded residual draws). Print
 the error of the sampled median against the measured value per metric, and how many of the ten metrics
 (TTFT/TPOT/E2E p50/p90/p99, output throughput) fall inside the reported p5-p95 interval.
 
-    python bench/fidelity.py [--repeats 3] [--samples 20] [--out runs/fidelity] [--sequential]
+    python bench/fidelity.py [--repeats 3] [--samples 20] [--out runs/fidelity] [--sequential] [--vllm-repeats 1]
+
+The vLLM case (`vllm_case`, where vLLM is importable) is the same repeat with real vLLM-CPU recording
+both runs (`engine run --backend vllm`, same workloads, model and weights), printed under `vllm`.
 
 The machine may be shared: its load is part of what the runs measure. It also drifts over minutes, which
 no calibration can foresee, so by default the two runs are recorded at the same time: the held-out run
@@ -20,6 +23,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -46,9 +50,19 @@ prompt_tokens: {dist: lognormal, median: 160, sigma: 0.6, min: 16, max: 1024}
 output_tokens: {dist: lognormal, median: 48, sigma: 0.6, min: 8, max: 160}
 """
 HEADLINE = ("ttft_p50", "ttft_p90", "tpot_p50", "tpot_p90", "e2e_p50", "e2e_p90", "output_throughput_tok")
-
-
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
+Recorder = Callable[[Path, Path], list[str]]
+
+
+def engine_recorder(workload: Path, trace: Path) -> list[str]:
+    """The stepscope CPU engine on the built-in model."""
+    return [sys.executable, "-m", "engine.cli", "run", "--workload", str(workload), "--trace", str(trace),
+            "--no-progress"]
+
+
+def vllm_recorder(workload: Path, trace: Path) -> list[str]:
+    """Real vLLM-CPU through the recording scheduler, on the built-in model's weights."""
+    return [*engine_recorder(workload, trace), "--backend", "vllm"]
 
 
 def run(cmd: list[str], errors: Path | None = None) -> str:
@@ -60,11 +74,10 @@ def run(cmd: list[str], errors: Path | None = None) -> str:
     return done.stdout
 
 
-def record(out: Path, names: list[str], together: bool) -> None:
-    """Engine runs of the workloads `names`; `together`: at the same time, so that both see the same
+def record(out: Path, names: list[str], together: bool, recorder: Recorder = engine_recorder) -> None:
+    """Runs of the workloads `names`; `together`: at the same time, so that both see the same
     spell of machine load (on a shared machine, the load changes between runs taken one after another)."""
-    cmds = [[sys.executable, "-m", "engine.cli", "run", "--workload", str(out / f"{n}.yaml"), "--trace",
-             str(out / n), "--no-progress"] for n in names]
+    cmds = [recorder(out / f"{n}.yaml", out / n) for n in names]
     if not together:
         for c in cmds:
             run(c[2:])
@@ -77,7 +90,7 @@ def record(out: Path, names: list[str], together: bool) -> None:
             sys.exit(f"fidelity: {' '.join(c)} failed:\n{err[-2000:]}")
 
 
-def one_repeat(out: Path, samples: int, together: bool) -> dict[str, dict[str, float]]:
+def one_repeat(out: Path, samples: int, together: bool, recorder: Recorder = engine_recorder) -> dict[str, dict]:
     """Record both runs, calibrate, predict; per metric: measured, predicted median, p5, p95."""
     import traces
     from traces.summary import summarize
@@ -85,7 +98,7 @@ def one_repeat(out: Path, samples: int, together: bool) -> dict[str, dict[str, f
     out.mkdir(parents=True, exist_ok=True)
     (out / "train.yaml").write_text(TRAIN)
     (out / "heldout.yaml").write_text(HELD_OUT)
-    record(out, ["train", "heldout"], together)
+    record(out, ["train", "heldout"], together, recorder)
     run(["sim.cli", "calibrate", str(out / "train"), "-o", str(out / "profile.json")])
     rep = json.loads(run(["sim.cli", "replay", str(out / "heldout"), "--cost-model", str(out / "profile.json"),
                           "--samples", str(samples), "--json", "--no-progress", "--trace", str(out / "predicted")],
@@ -96,21 +109,7 @@ def one_repeat(out: Path, samples: int, together: bool) -> dict[str, dict[str, f
             for m, r in rep["samples"]["metrics"].items()}
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--samples", type=int, default=20)
-    p.add_argument("--out", default="runs/fidelity")
-    p.add_argument("--sequential", action="store_true", help="record the two runs one after the other")
-    p.add_argument("--report-only", action="store_true", help="print the figures of the repeats already in --out")
-    args = p.parse_args()
-    results = []
-    for i in range(args.repeats):
-        where = Path(args.out) / f"repeat{i}" / "result.json"
-        if not args.report_only:
-            where.parent.mkdir(parents=True, exist_ok=True)
-            where.write_text(json.dumps(one_repeat(where.parent, args.samples, not args.sequential), indent=1))
-        results.append(json.loads(where.read_text()))
+def report(results: list[dict], how: str) -> None:
     # Median over repeats of the absolute error (signed errors of opposite repeats would cancel).
     for key, label in (("median", "error"), ("deterministic", "deterministic error")):
         for m in HEADLINE:
@@ -119,19 +118,51 @@ def main() -> None:
     inside = [sum(r[m]["p5"] <= r[m]["measured"] <= r[m]["p95"] for m in r) for r in results]
     print(f"inside interval: {int(np.median(inside))}/{len(results[0])}")
     print(f"inside interval, each repeat: {' '.join(f'{k}/{len(results[0])}' for k in inside)}")
+    print(f"repeats: {len(results)} (training and held-out runs recorded {how}; medians over repeats)")
+
+
+def vllm_case(repeats: int, samples: int, out: Path, together: bool, report_only: bool = False) -> None:
+    """The engine case's repeat with real vLLM-CPU recording both runs, printed under `vllm`: the
+    simulator calibrated on one vLLM run predicting vLLM on another workload."""
+    print("vllm:")
+    results = []
+    for i in range(repeats):
+        where = out / f"repeat{i}" / "result.json"
+        if not report_only:
+            where.parent.mkdir(parents=True, exist_ok=True)
+            where.write_text(json.dumps(one_repeat(where.parent, samples, together, vllm_recorder), indent=1))
+        results.append(json.loads(where.read_text()))
+    report(results, "at the same time" if together else "one after the other")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--samples", type=int, default=20)
+    p.add_argument("--out", default="runs/fidelity")
+    p.add_argument("--sequential", action="store_true", help="record the two runs one after the other")
+    p.add_argument("--report-only", action="store_true", help="print the figures of the repeats already in --out")
+    p.add_argument("--vllm-repeats", type=int, default=1, help="repeats of the vLLM case (0: none)")
+    args = p.parse_args()
+    results = []
+    for i in range(args.repeats):
+        where = Path(args.out) / f"repeat{i}" / "result.json"
+        if not args.report_only:
+            where.parent.mkdir(parents=True, exist_ok=True)
+            where.write_text(json.dumps(one_repeat(where.parent, args.samples, not args.sequential), indent=1))
+        results.append(json.loads(where.read_text()))
     how = "one after the other" if args.sequential else "at the same time"
-    print(f"repeats: {args.repeats} (training and held-out runs recorded {how}; medians over repeats)")
-    try:
-        import vllm  # noqa: F401
-        have_vllm = True
-    except ImportError:
-        have_vllm = False
-    recorder = "--backend" in run(["engine.cli", "run", "--help"])
-    if not (have_vllm and recorder):
-        print("vllm case: not run: " + ("recorder not available (engine run has no --backend vllm)"
-                                        if have_vllm else "vllm not installed"))
-    else:
-        print("vllm case: not run: recorder present but this bench does not drive it yet")
+    if results:
+        report(results, how)
+    if args.vllm_repeats <= 0:
+        return
+    if not args.report_only:
+        try:
+            import vllm  # noqa: F401
+        except ImportError as e:
+            print(f"vllm case: not run: vllm not installed ({e})")
+            return
+    vllm_case(args.vllm_repeats, args.samples, Path(args.out) / "vllm", not args.sequential, args.report_only)
 
 
 if __name__ == "__main__":

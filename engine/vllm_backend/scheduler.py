@@ -31,6 +31,22 @@ class _Recording:
         super().__init__(*args, **kwargs)
         trace_dir = os.environ.get(TRACE_DIR_ENV)
         self.stepscope = VllmStepRecorder(self, trace_dir, trace_meta(self)) if trace_dir else None
+        if self.stepscope is not None:
+            self._close_at_engine_shutdown()
+
+    def _close_at_engine_shutdown(self) -> None:
+        """End the trace where vLLM's engine core starts to shut down: its first act, releasing the
+        structured-output backend, comes before it stops its workers and long before it calls the
+        scheduler's `shutdown()`. `vllm serve` gives the engine core process 0 s by default
+        (--shutdown-timeout) between SIGTERM and SIGKILL, so by `shutdown()` it is usually gone."""
+        manager = self.structured_output_manager
+        release = manager.clear_backend
+
+        def clear_backend() -> None:
+            self.close_trace(compact=False)
+            release()
+
+        manager.clear_backend = clear_backend
 
     def add_request(self, request: Any) -> None:
         super().add_request(request)
@@ -66,8 +82,8 @@ class _Recording:
         return ended
 
     def shutdown(self) -> None:
-        # vLLM's engine core process is given seconds to exit: end the trace without the Parquet
-        # compaction (the JSON-lines streams are a complete trace too).
+        # Normally closed already (above); the engine core process has little time left either way, so
+        # no Parquet compaction: the Arrow streams are a complete trace too.
         self.close_trace(compact=False)
         super().shutdown()
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.core.outputs import EngineCoreOutput, EngineCoreOutputs
 from engine.core.sched_output import CachedRequestData, NewRequestData, SchedulerOutput
 
 
@@ -41,57 +40,53 @@ class RecordedRequest:
 
 
 class PoolView:
-    """vLLM's BlockPool: block 0 is its null block too, so the usable count is num_gpu_blocks - 1."""
+    """vLLM's BlockPool: block 0 is its null block too, so the usable count is num_gpu_blocks - 1. The
+    free count is the one after the step being written (`num_free`), which rows are built after."""
 
-    __slots__ = ("pool", "num_usable_blocks", "blocks")
+    __slots__ = ("pool", "num_usable_blocks", "blocks", "num_free")
 
     def __init__(self, pool: Any) -> None:
         self.pool = pool
         self.num_usable_blocks = pool.num_gpu_blocks - 1
         self.blocks = pool.blocks
+        self.num_free = 0
 
     def get_num_free_blocks(self) -> int:
-        return self.pool.get_num_free_blocks()
+        return self.num_free
 
 
 class KVView:
     """vLLM's KVCacheManager (one full-attention group) plus the block events list the recorder drains."""
 
-    __slots__ = ("manager", "block_pool", "events", "_single")
+    __slots__ = ("manager", "block_pool", "events", "req_to_blocks", "num_cached")
 
     def __init__(self, manager: Any) -> None:
         self.manager = manager
         self.block_pool = PoolView(manager.block_pool)
         self.events: list[tuple] = []
-        self._single = manager.coordinator.single_type_managers[0]
-
-    @property
-    def req_to_blocks(self) -> dict[str, list[Any]]:
-        return self._single.req_to_blocks
+        single = manager.coordinator.single_type_managers[0]
+        # vLLM's own dicts (request id -> blocks held, -> how many of them are cached), live.
+        self.req_to_blocks: dict[str, list[Any]] = single.req_to_blocks
+        self.num_cached: dict[str, int] = single.num_cached_block
 
     def block_ids(self, request_id: str) -> list[int]:
-        return [b.block_id for b in self._single.req_to_blocks.get(request_id, ())]
-
-    def num_cached_blocks(self, request_id: str) -> int:
-        return self._single.num_cached_block.get(request_id, 0)
+        return [b.block_id for b in self.req_to_blocks.get(request_id, ())]
 
 
-class SchedulerView:
-    """The queues the recorder counts after each step, read live from vLLM's scheduler."""
+class StepCounts:
+    """The scheduler as `TraceRecorder.on_step` reads it (only the queues' lengths and the free blocks),
+    holding the values of the step being written rather than vLLM's live ones: rows are built later."""
 
-    __slots__ = ("scheduler", "kv_cache_manager")
+    __slots__ = ("kv_cache_manager", "running", "waiting")
 
-    def __init__(self, scheduler: Any, kv: KVView) -> None:
-        self.scheduler = scheduler
+    def __init__(self, kv: KVView) -> None:
         self.kv_cache_manager = kv
+        self.set(0, 0, 0)
 
-    @property
-    def running(self) -> list[Any]:
-        return self.scheduler.running
-
-    @property
-    def waiting(self) -> Any:
-        return self.scheduler.waiting
+    def set(self, num_running: int, num_waiting: int, num_free_blocks: int) -> None:
+        # A range is a sized stand-in for a queue of that length that allocates nothing per request.
+        self.running, self.waiting = range(num_running), range(num_waiting)
+        self.kv_cache_manager.block_pool.num_free = num_free_blocks
 
 
 def core_output(so: Any, requests: dict[str, Any], preempted: list[tuple[str, list[int]]],
@@ -131,14 +126,3 @@ def core_output(so: Any, requests: dict[str, Any], preempted: list[tuple[str, li
     return SchedulerOutput(new, cached, dict(num), total, set(so.finished_req_ids),
                            [rid for rid, _ in preempted], dict(preempted), total - num_decode, num_decode, hits,
                            decode)
-
-
-def core_outputs(outputs: dict[int, Any], freed: dict[str, list[int]]) -> EngineCoreOutputs:
-    """vLLM's per-client EngineCoreOutputs merged into one engine.core EngineCoreOutputs."""
-    out = []
-    for eco in outputs.values():
-        for o in eco.outputs:
-            reason = None if o.finish_reason is None else str(o.finish_reason)
-            out.append(EngineCoreOutput(o.request_id, list(o.new_token_ids), reason,
-                                        freed_block_ids=freed.get(o.request_id)))
-    return EngineCoreOutputs(out)
