@@ -19,11 +19,13 @@ def test_rejections_are_counted_by_reason_without_per_request_numbers():
         "error": ["prompt has 5000 tokens, more than max_model_len=4096",
                   "prompt: 4100 tokens is longer than max_model_len=4096",
                   "prompt 10 + max_tokens 90000 needs 5000 KV blocks of 16 tokens but the cache has 100",
-                  None, "step failed: boom"],
-        "first_scheduled": [None, None, None, 0.5, 0.7],
+                  None, "step failed: boom",
+                  "The decoder prompt (length 4096) plus the number of requested output tokens (at least 1) is "
+                  "longer than the maximum model length of 4096"],
+        "first_scheduled": [None, None, None, 0.5, 0.7, None],
     })
     assert rejections(requests) == {
-        "prompt longer than max_model_len=4096": 2,
+        "prompt longer than max_model_len=4096": 3,
         "prompt + max_tokens need more KV blocks than the cache has (100 blocks of 16 tokens)": 1,
     }
 

@@ -414,3 +414,27 @@ def test_engine_run_vllm_backend_without_a_checkpoint_dir_is_one_line_exit_2(tmp
     assert main(["run", "--backend", "vllm", "--model", str(tmp_path / "missing"), "--no-progress"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--model" in err[0]
+
+
+def test_a_prompt_vllm_refuses_fails_alone_and_the_trace_names_vllms_reason(checkpoint, tmp_path):
+    from engine.core import SamplingParams
+    from engine.vllm_backend.runner import build_vllm_engine
+    from traces.summary import rejections
+
+    path = tmp_path / "trace"
+    kwargs = dict(model=str(checkpoint), max_model_len=256, block_size=32, max_num_seqs=4, enforce_eager=True,
+                  dtype="float32", gpu_memory_utilization=0.1, kv_cache_memory_bytes=16 << 20, disable_log_stats=True,
+                  scheduler_cls="engine.vllm_backend.scheduler.RecordingScheduler")
+    engine = build_vllm_engine(kwargs, path)
+    engine.scheduler.stepscope.set_t0(time.monotonic())
+    params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+    engine.add_request("too-long", {"prompt_token_ids": [7] * 256}, params, arrival_time=time.monotonic())
+    engine.add_request("fine", {"prompt_token_ids": list(range(10, 40))}, params, arrival_time=time.monotonic())
+    finished = []
+    while engine.has_unfinished_requests():
+        finished += [getattr(o, "request_id", o) for o in engine.step()]
+    engine.scheduler.close_trace()
+    assert sorted(finished) == ["fine", "too-long"]
+    t = traces.load(path).requests.set_index("request_id")
+    assert t.loc["too-long", "finish_reason"] == "error" and t.loc["fine", "finish_reason"] == "length"
+    assert rejections(t.reset_index()) == {"prompt longer than max_model_len=256": 1}

@@ -37,6 +37,9 @@ def request_latencies(requests: pd.DataFrame) -> pd.DataFrame:
 # Admission errors carry each request's own numbers; these rewrite them to one reason per cause.
 _REASONS = (
     (re.compile(r"(?:more|longer) than max_model_len=(\d+)"), "prompt longer than max_model_len={0}"),
+    # vLLM 0.32's input processor (a trace recorded from real vLLM), both the > and the == case.
+    (re.compile(r"prompt \(length \d+\) (?:plus the .*? )?is longer than the maximum model length of (\d+)"),
+     "prompt longer than max_model_len={0}"),
     (re.compile(r"needs \d+ KV blocks of (\d+) tokens but the cache has (\d+)"),
      "prompt + max_tokens need more KV blocks than the cache has ({1} blocks of {0} tokens)"),
 )

@@ -125,6 +125,14 @@ class VllmStepRecorder:
         self.requests[rec.request_id] = rec
         self.recorder.on_add(rec)  # now, while the request is unfinished: it only joins the live ones
 
+    def on_reject(self, request_id: str, prompt_token_ids: list[int], arrival_time: float, reason: str) -> None:
+        """A request vLLM's input processor refused (it never reached the scheduler) still belongs in the
+        trace, as an error with vLLM's reason; `arrival_time` is on time.monotonic()."""
+        now = time.monotonic()
+        rec = RecordedRequest(request_id, arrival_time, now, len(prompt_token_ids), list(prompt_token_ids), None,
+                              finished_time=now, finish_reason="error", error=reason)
+        self.recorder.on_add(rec)
+
     def on_schedule(self, so: Any, start: float, end: float) -> None:
         preempted = self.take_freed()
         recs = self.requests

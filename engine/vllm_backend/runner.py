@@ -27,6 +27,7 @@ class VllmEngineAdapter:
         from types import SimpleNamespace
 
         self.engine = engine
+        self._rejected: list[Any] = []
         self.config = SimpleNamespace(model_config=SimpleNamespace(hf_config=SimpleNamespace(vocab_size=vocab_size)))
         self.wall_minus_mono = time.time() - time.monotonic()
 
@@ -37,16 +38,29 @@ class VllmEngineAdapter:
     def add_request(self, request_id: str, prompt: dict[str, Any], params: Any, arrival_time: float) -> None:
         from vllm import SamplingParams
 
+        from vllm.exceptions import VLLMValidationError
+
+        ids = list(prompt["prompt_token_ids"])
         vparams = SamplingParams(max_tokens=params.max_tokens, temperature=params.temperature,
                                  ignore_eos=params.ignore_eos)
-        self.engine.add_request(request_id, {"prompt_token_ids": list(prompt["prompt_token_ids"])}, vparams,
-                                arrival_time=arrival_time + self.wall_minus_mono)
+        try:
+            self.engine.add_request(request_id, {"prompt_token_ids": ids}, vparams,
+                                    arrival_time=arrival_time + self.wall_minus_mono)
+        except (VLLMValidationError, ValueError) as e:
+            # vLLM refuses it before its scheduler sees it (e.g. a prompt that leaves no room for an output
+            # token): this request fails alone, and the trace says why, as the stepscope engine's does.
+            self.scheduler.stepscope.on_reject(request_id, ids, arrival_time, str(e).split(". ")[0])
+            self._rejected.append(request_id)
 
     def has_unfinished_requests(self) -> bool:
-        return self.engine.has_unfinished_requests()
+        return bool(self._rejected) or self.engine.has_unfinished_requests()
 
     def step(self) -> list[Any]:
-        return [o for o in self.engine.step() if o.finished]
+        """The requests that finished: vLLM's finished outputs, and the ids of those vLLM refused."""
+        rejected, self._rejected = self._rejected, []
+        if not self.engine.has_unfinished_requests():
+            return rejected
+        return rejected + [o for o in self.engine.step() if o.finished]
 
 
 def vllm_engine_kwargs(args: Namespace, model_dir: str) -> dict[str, Any]:
@@ -86,6 +100,12 @@ def build_vllm_engine(engine_kwargs: dict[str, Any], trace_dir: str | Path) -> V
     return VllmEngineAdapter(engine, engine.model_config.hf_config.vocab_size)
 
 
+def _vllm_on_cpu() -> bool:
+    from vllm.platforms import current_platform
+
+    return current_platform.is_cpu()
+
+
 def main_run_vllm(args: Namespace, workload: Any) -> int:
     """`engine run --backend vllm`; with no --model the built-in model, saved as a checkpoint first."""
     import traces
@@ -106,6 +126,10 @@ def main_run_vllm(args: Namespace, workload: Any) -> int:
     tmp = None if args.trace else tempfile.TemporaryDirectory(prefix="stepscope-vllm-")
     trace_dir = args.trace or tmp.name
     engine = build_vllm_engine(vllm_engine_kwargs(args, model_dir), trace_dir)
+    if args.workload is None and _vllm_on_cpu():
+        from engine.run import CPU_SCALE
+
+        workload = workload.scaled(**CPU_SCALE)  # the same default workload as the stepscope engine on CPU
     sched = engine.scheduler
     sched.stepscope.writer.update_meta(workload={**workload.to_dict(), "time_scale": args.time_scale,
                                                  "max_requests": args.max_requests})
