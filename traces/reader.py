@@ -144,8 +144,10 @@ def _read_table(root: Path, table: str, columns: Sequence[str] | None, arrow_lis
 
 def load(path: str | Path, arrow_lists: bool = False, columns: Mapping[str, Sequence[str]] | None = None,
          tables: Iterable[str] | None = None, categories: Sequence[str] = ()) -> Trace:
-    """Read a trace directory. `arrow_lists` keeps list columns (block ids, token ids) in Arrow instead of
-    building a Python list per row: a 100k-step trace then opens in a fraction of the time (the TUI uses it).
+    """Read a trace directory. List columns (block ids, token ids) hold a read-only numpy array per row
+    (None for a null row; the empty rows all one shared array; lists from JSON lines the schema cannot
+    type); `arrow_lists` keeps them in Arrow instead:
+    a 100k-step trace then opens in a fraction of the time (the TUI uses it).
     `columns` reads only those columns of the tables it names and `tables` only those tables (the others
     are empty), and `categories` names string columns to read as pandas Categoricals (request ids, events):
     summaries of a long run then hold a fraction of it in memory."""
