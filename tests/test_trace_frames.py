@@ -120,3 +120,19 @@ def test_a_cut_short_trace_read_without_its_steps_is_clipped_all_the_same(compac
     assert len(alone.steps) == 0 and len(whole.decisions) > 0
     _assert_same_frame(alone.decisions, whole.decisions)
     _assert_same_frame(no_step.block_events, whole.block_events)
+
+
+@pytest.mark.parametrize("form", ["compacted", "arrows", "jsonl"])
+def test_the_summary_columns_alone_give_the_summary_of_the_whole_trace(compacted, tmp_path, form):
+    """engine run and sim replay --samples summarise from SUMMARY_COLUMNS, not the decisions."""
+    from traces.summary import SUMMARY_COLUMNS, summarize
+
+    path = compacted
+    if form != "compacted":
+        path = tmp_path / "t"
+        _cut_short(compacted, path, len(pq.read_table(compacted / "steps.parquet")) // 2, form)
+    whole, light = traces.load(path), traces.load(path, columns=SUMMARY_COLUMNS, tables=SUMMARY_COLUMNS)
+    assert len(light.decisions) == 0 and len(whole.decisions) > 0
+    a, b = summarize(light.requests, light.steps), summarize(whole.requests, whole.steps)
+    assert a.keys() == b.keys()
+    assert all(a[k] == b[k] or (a[k] != a[k] and b[k] != b[k]) for k in a)

@@ -167,7 +167,7 @@ def load(path: str | Path, arrow_lists: bool = False, columns: Mapping[str, Sequ
             if cut:
                 truncated.append(table)
             _release_arrow_memory()
-        if table == "steps" and not meta.get("complete"):
+        if table == "steps" and not meta.get("complete") and wanted.intersection(STEP_ROW_TABLES):
             last_step = _last_step(root, out["steps"] if table in wanted else None)
     for note in notes:
         warnings.warn(note, TraceWarning, stacklevel=2)
