@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from traces.summary import summarize
+from traces.summary import SUMMARY_COLUMNS, summarize
 
 # The ten figures an interval is reported for: latency percentiles and output throughput.
 SAMPLED_METRICS = tuple(f"{m}_p{q}_s" for m in ("ttft", "tpot", "e2e") for q in (50, 90, 99)) + (
@@ -36,7 +36,7 @@ def sample_replays(n: int, run: Callable[[int, str], Any], slos: Any = None) -> 
     for seed in range(n):
         with tempfile.TemporaryDirectory(prefix="stepscope-sample-") as d:
             run(seed, d)
-            t = traces.load(d)
+            t = traces.load(d, columns=SUMMARY_COLUMNS, tables=SUMMARY_COLUMNS)  # not the decisions
             s = summarize(t.requests, t.steps)
         for m in SAMPLED_METRICS:
             per_metric[m].append(s.get(m, math.nan))

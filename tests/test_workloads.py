@@ -295,3 +295,11 @@ def test_count_is_known_for_request_counts_and_traces_but_not_durations():
     assert load_workload(root / "bursty.yaml").count(limit=7) == 7
     assert load_workload(root / "azure_conv.yaml").count() == 19366
     assert load_workload(root / "onoff.yaml").count(limit=7) is None
+
+
+def test_bench_memory_workload_is_200k_poisson_requests():
+    from workloads import load_workload
+
+    w = load_workload(Path(__file__).parents[1] / "bench" / "workloads" / "poisson_200k.yaml")
+    assert w.count() == 200_000 and w.to_dict()["arrival"]["process"] == "poisson"
+    assert all(16 <= r.max_tokens <= 128 for r in w.requests(limit=50))

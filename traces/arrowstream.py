@@ -79,23 +79,37 @@ def iter_batches(path: Path, memory_map: bool = True) -> tuple[Any, Iterator[Any
 
 
 def read_arrow_stream(path: Path, columns: tuple[str, ...], arrow_lists: bool = False,
-                      only: Sequence[str] | None = None, categories: Sequence[str] = ()) -> tuple[Any, bool]:
+                      only: Sequence[str] | None = None, categories: Sequence[str] = (),
+                      last_step: int | None = None) -> tuple[Any, bool]:
     """A stream as a pandas DataFrame with the schema's columns first, and whether its end was cut;
     an empty file (the schema goes out with the first batch) is an empty table, one cut inside its
-    schema an empty table cut short. `arrow_lists`, `only` and `categories` as in `traces.load`."""
+    schema an empty table cut short. `arrow_lists`, `only`, `categories` and `last_step` as in
+    `traces.frames.table_to_frame`.
+
+    With `arrow_lists` the frame's strings and lists stay in Arrow, zero-copy over a memory map of the
+    file: pages are read as they are looked at (the TUI opening a running trace). Otherwise every value
+    is converted, which would leave each page of a map resident as long as the frame's strings point into
+    it; each batch is then read into memory and its wanted columns copied out of it at once, as a batch's
+    columns are slices of one buffer that any of them left in the frame would keep whole."""
     import pandas as pd
     import pyarrow as pa
 
     if path.stat().st_size == 0:
         return pd.DataFrame(columns=list(columns)), False
     try:
-        schema, batches, truncated = iter_batches(path)
+        schema, batches, truncated = iter_batches(path, memory_map=arrow_lists)
     except (pa.ArrowInvalid, OSError):
         return pd.DataFrame(columns=list(columns)), True
-    from traces.streams import table_to_frame
+    from traces.frames import table_to_frame
 
-    tbl = pa.Table.from_batches(list(batches), schema=schema)
-    return table_to_frame(tbl, columns, only, categories, arrow_lists), truncated[0]
+    if arrow_lists:
+        tbl = pa.Table.from_batches(list(batches), schema=schema)
+    else:
+        kept = pa.schema([f for f in schema if only is None or f.name in set(only)])
+        owned = [pa.record_batch([pa.concat_arrays([b.column(c)]) for c in kept.names], schema=kept) for b in batches]
+        tbl = pa.Table.from_batches(owned, schema=kept)
+        del owned
+    return table_to_frame(tbl, columns, only, categories, arrow_lists, last_step), truncated[0]
 
 
 def arrow_stream_to_parquet(src: Path, dst: Path) -> None:

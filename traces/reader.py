@@ -13,6 +13,7 @@ from typing import Any
 import pandas as pd
 
 from traces.arrowstream import arrow_stream_file, read_arrow_stream
+from traces.frames import STEP_ROW_TABLES, arrow_to_frame, clip_rows
 from traces.schema import FORMAT_VERSION, META_FILE, SPANS_FILE, TABLES, parquet_file, stream_file
 from traces.streams import StreamError, first_row_keys, read_stream
 
@@ -62,12 +63,6 @@ class Trace:
                 f"requests={len(self.requests)}, complete={self.complete})")
 
 
-def _arrow_lists(ty):
-    import pyarrow as pa
-
-    return pd.ArrowDtype(ty) if pa.types.is_list(ty) or pa.types.is_large_list(ty) else None
-
-
 def read_meta(root: Path) -> dict[str, Any]:
     """meta.json as a dict of this format version, or a one-line TraceError."""
     meta_path = root / META_FILE
@@ -100,21 +95,21 @@ def _missing_column(path: Path, names: Iterable[str], required: Sequence[str]) -
 
 
 def _read_parquet(path: Path, table: str, columns: Sequence[str] | None, arrow_lists: bool,
-                  categories: Sequence[str]) -> pd.DataFrame:
-    """One compacted table, only `columns` of it when given; raises pyarrow/OS errors for a damaged file."""
+                  categories: Sequence[str], last_step: int | None) -> pd.DataFrame:
+    """One compacted table, only `columns` of it when given, rows of steps after `last_step` dropped;
+    raises pyarrow/OS errors for a damaged file."""
     import pyarrow.parquet as pq
 
     names = pq.read_schema(path).names
     _missing_column(path, names, TABLES[table])
     pf = pq.ParquetFile(path, read_dictionary=[c for c in categories if c in names])
     wanted = None if columns is None else [c for c in names if c in set(columns)]
-    tbl = pf.read(columns=wanted)
-    # self_destruct frees each Arrow column as it converts: on a long trace the peak is one copy, not two.
-    return tbl.to_pandas(types_mapper=_arrow_lists if arrow_lists else None, self_destruct=True)
+    return arrow_to_frame(clip_rows(pf.read(columns=wanted), last_step), arrow_lists)
 
 
 def _read_table(root: Path, table: str, columns: Sequence[str] | None, arrow_lists: bool,
-                notes: list[str], categories: Sequence[str] = ()) -> tuple[pd.DataFrame, bool]:
+                notes: list[str], categories: Sequence[str] = (),
+                last_step: int | None = None) -> tuple[pd.DataFrame, bool]:
     import pyarrow as pa
 
     pq_path, stream = root / parquet_file(table), root / stream_file(table)
@@ -123,7 +118,7 @@ def _read_table(root: Path, table: str, columns: Sequence[str] | None, arrow_lis
         stream = arrows
     if pq_path.is_file():
         try:
-            return _read_parquet(pq_path, table, columns, arrow_lists, categories), False
+            return _read_parquet(pq_path, table, columns, arrow_lists, categories, last_step), False
         except (pa.ArrowException, OSError, ValueError) as e:
             if isinstance(e, TraceError):
                 raise
@@ -133,13 +128,13 @@ def _read_table(root: Path, table: str, columns: Sequence[str] | None, arrow_lis
             notes.append(f"{pq_path}: unreadable Parquet ({reason}); read {stream.name} instead")
     if stream == arrows:
         return read_arrow_stream(arrows, TABLES[table], arrow_lists=arrow_lists, only=columns,
-                                 categories=categories)
+                                 categories=categories, last_step=last_step)
     keys = first_row_keys(stream)
     if keys is not None:
         _missing_column(stream, keys, TABLES[table])
     try:
         df, cut = read_stream(stream, table, TABLES[table], arrow_lists=arrow_lists, only=columns,
-                              categories=categories)
+                              categories=categories, last_step=last_step)
     except StreamError as e:
         raise TraceError(str(e)) from None
     except OSError as e:
@@ -149,8 +144,10 @@ def _read_table(root: Path, table: str, columns: Sequence[str] | None, arrow_lis
 
 def load(path: str | Path, arrow_lists: bool = False, columns: Mapping[str, Sequence[str]] | None = None,
          tables: Iterable[str] | None = None, categories: Sequence[str] = ()) -> Trace:
-    """Read a trace directory. `arrow_lists` keeps list columns (block ids, token ids) in Arrow instead of
-    building a Python list per row: a 100k-step trace then opens in a fraction of the time (the TUI uses it).
+    """Read a trace directory. List columns (block ids, token ids) hold a read-only numpy array per row
+    (None for a null row; the empty rows all one shared array; lists from JSON lines the schema cannot
+    type); `arrow_lists` keeps them in Arrow instead:
+    a 100k-step trace then opens in a fraction of the time (the TUI uses it).
     `columns` reads only those columns of the tables it names and `tables` only those tables (the others
     are empty), and `categories` names string columns to read as pandas Categoricals (request ids, events):
     summaries of a long run then hold a fraction of it in memory."""
@@ -159,15 +156,19 @@ def load(path: str | Path, arrow_lists: bool = False, columns: Mapping[str, Sequ
     wanted = set(TABLES if tables is None else tables)
     out: dict[str, pd.DataFrame] = {}
     truncated, notes = [], []
-    for table, cols in TABLES.items():
+    last_step = None
+    for table, cols in TABLES.items():  # steps first: a trace cut short is clipped to its last steps row
         if table not in wanted:
             out[table] = pd.DataFrame(columns=list(cols))
-            continue
-        out[table], cut = _read_table(root, table, (columns or {}).get(table), arrow_lists, notes, categories)
-        if cut:
-            truncated.append(table)
-    if not meta.get("complete"):
-        _clip_to_last_step(out)
+        else:
+            clip = last_step if table in STEP_ROW_TABLES else None
+            out[table], cut = _read_table(root, table, (columns or {}).get(table), arrow_lists, notes, categories,
+                                          clip)
+            if cut:
+                truncated.append(table)
+            _release_arrow_memory()
+        if table == "steps" and not meta.get("complete") and wanted.intersection(STEP_ROW_TABLES):
+            last_step = _last_step(root, out["steps"] if table in wanted else None)
     for note in notes:
         warnings.warn(note, TraceWarning, stacklevel=2)
     if truncated:
@@ -176,13 +177,18 @@ def load(path: str | Path, arrow_lists: bool = False, columns: Mapping[str, Sequ
     return Trace(root, meta, out)
 
 
-def _clip_to_last_step(tables: dict[str, pd.DataFrame]) -> None:
-    """A step's decisions and block events are written before its steps row: drop any beyond that row."""
-    steps = tables["steps"]
-    if "step" not in steps.columns:
-        return
-    last = int(steps["step"].max()) if len(steps) else -1
-    for name in ("decisions", "block_events", "block_snapshots"):
-        df = tables[name]
-        if len(df) and "step" in df.columns:
-            tables[name] = df[df["step"] <= last].reset_index(drop=True)
+def _last_step(root: Path, steps: pd.DataFrame | None) -> int:
+    """The last step a trace cut short completed (-1 for none): a step's decisions and block events are
+    written before its steps row, so readers drop any beyond it. Steps not read (None), or read without
+    their step column, are read for it alone."""
+    if steps is None or "step" not in steps.columns:
+        steps, _ = _read_table(root, "steps", ("step",), False, [])
+    return int(steps["step"].max()) if len(steps) else -1
+
+
+def _release_arrow_memory() -> None:
+    """Hand back the pages Arrow's allocator (mimalloc) keeps after a table is converted: the next table's
+    reading then starts from what the frames hold, not from that plus every buffer freed so far."""
+    import pyarrow as pa
+
+    pa.default_memory_pool().release_unused()

@@ -12,6 +12,7 @@ from typing import Any, BinaryIO
 import orjson
 import pandas as pd
 
+from traces.frames import clip_frame, table_to_frame
 from traces.schema import arrow_schema
 
 
@@ -42,11 +43,12 @@ def _complete_bytes(path: Path, size: int) -> tuple[int, bool]:
 
 def read_stream(path: Path, table: str, columns: tuple[str, ...], extra_int_columns: tuple[str, ...] = (),
                 arrow_lists: bool = False, only: Sequence[str] | None = None,
-                categories: Sequence[str] = ()) -> tuple[pd.DataFrame, bool]:
+                categories: Sequence[str] = (), last_step: int | None = None) -> tuple[pd.DataFrame, bool]:
     """Rows of `<table>.jsonl` with the schema's columns first (plus any a writer added, such as a cluster's
     `replica`) and whether a partial last line was dropped. Rows Arrow cannot type fall back to pandas.
     `only` keeps just those columns and `categories` makes those string columns pandas Categoricals, both
-    done in Arrow before any Python object is built: columns not in `only` are not even parsed."""
+    done in Arrow before any Python object is built: columns not in `only` are not even parsed. Rows of
+    steps after `last_step` are dropped (traces.frames.clip_rows)."""
     import pyarrow as pa
     import pyarrow.json as pj
 
@@ -60,9 +62,9 @@ def read_stream(path: Path, table: str, columns: tuple[str, ...], extra_int_colu
                                parse_options=_parse_options(table, extra_int_columns, only))
     except pa.ArrowInvalid:
         with open(path, "rb") as f:
-            df = _read_rows(path, f.read(end), columns)
+            df = clip_frame(_read_rows(path, f.read(end), columns), last_step)
         return (df if only is None else df[[c for c in df.columns if c in set(only)]]), truncated
-    return table_to_frame(tbl, columns, only, categories, arrow_lists), truncated
+    return table_to_frame(tbl, columns, only, categories, arrow_lists, last_step), truncated
 
 
 # JSON is parsed this many bytes at a time: a block's rows are typed and the text let go before the next.
@@ -126,26 +128,6 @@ def stream_batches(path: Path, table: str, only: Sequence[str],
                                     parse_options=_parse_options(table, extra_int_columns, only))
 
     return batches(), truncated
-
-
-def table_to_frame(tbl, columns: Sequence[str], only: Sequence[str] | None, categories: Sequence[str],
-                   arrow_lists: bool) -> pd.DataFrame:
-    """An Arrow table of one trace table as the reader hands it out: schema columns first, then extra ones,
-    only `only` when given, `categories` dictionary-encoded, list columns as Arrow lists on request."""
-    names = [*columns, *(c for c in tbl.column_names if c not in columns)]
-    if only is not None:
-        names = [c for c in names if c in set(only)]
-    tbl = tbl.select(names)
-    for c in categories:
-        if c in names:
-            tbl = tbl.set_column(names.index(c), c, tbl[c].dictionary_encode())
-    return tbl.to_pandas(types_mapper=_arrow_list_dtype if arrow_lists else None)
-
-
-def _arrow_list_dtype(ty):
-    import pyarrow as pa
-
-    return pd.ArrowDtype(ty) if pa.types.is_list(ty) or pa.types.is_large_list(ty) else None
 
 
 def _read_rows(path: Path, data: bytes, columns: tuple[str, ...]) -> pd.DataFrame:
