@@ -272,6 +272,16 @@ def test_rows_wait_for_the_flush_interval_while_vllm_is_busy(tmp_path, monkeypat
     assert len(traces.load(path).steps) == 6
 
 
+def test_rows_are_written_when_vllm_runs_out_of_requests(tmp_path, monkeypatch):
+    # vLLM's last busy step still has finished requests to report, so the idle moment is the empty
+    # step after it: the rows go out there, not at the next interval after new requests arrive.
+    path, fake = record_fake(tmp_path, monkeypatch, "idle", reserve_full_isl=False, flush_interval=3600.0)
+    rec = fake.sched.stepscope
+    assert not fake.sched.has_requests() and not rec.pending
+    t = traces.load(path)
+    assert len(t.steps) == rec.num_steps and not t.complete
+
+
 def test_engine_core_shutdown_closes_the_trace_before_anything_else(tmp_path, monkeypatch):
     path, fake = record_fake(tmp_path, monkeypatch, "shutdown", reserve_full_isl=False)
     assert not traces.load(path).complete

@@ -180,7 +180,11 @@ class VllmStepRecorder:
                         del recs[o.request_id]
         kv = self.kv
         if not (so.total_num_scheduled_tokens or so.preempted_req_ids or any_output or kv.events):
-            return  # vLLM's empty step that only tells the workers which requests finished: no decision
+            # vLLM's empty step that only tells the workers which requests finished: no decision. After
+            # the last busy step it is the idle moment (that step still had finished requests to report).
+            if self.pending and not self.scheduler.has_requests():
+                self.flush()
+            return
         sched = self.scheduler
         step = self.num_steps
         self.num_steps += 1
