@@ -180,10 +180,9 @@ class VllmStepRecorder:
                         del recs[o.request_id]
         kv = self.kv
         if not (so.total_num_scheduled_tokens or so.preempted_req_ids or any_output or kv.events):
-            # vLLM's empty step that only tells the workers which requests finished: no decision. After
-            # the last busy step it is the idle moment (that step still had finished requests to report).
-            if self.pending and not self.scheduler.has_requests():
-                self.flush()
+            # vLLM's empty step that only tells the workers which requests finished: no decision.
+            if self.pending and not self.scheduler.has_unfinished_requests():
+                self.flush()  # aborts pending from between steps
             return
         sched = self.scheduler
         step = self.num_steps
@@ -193,7 +192,10 @@ class VllmStepRecorder:
         self.pending.append((self._write_step, (
             so, finished, freed, start, end, sched_end - start, exec_end - sched_end, update_start - exec_end,
             len(sched.running), len(sched.waiting), kv.block_pool.pool.get_num_free_blocks(), events, snapshot)))
-        if end - self._last_flush >= self.flush_interval or not sched.has_requests():
+        # Out of unfinished requests is vLLM's idle moment: has_requests() stays true one step longer, for
+        # the empty step that reports the finished ones, which an in-process LLMEngine only runs once
+        # new requests arrive.
+        if end - self._last_flush >= self.flush_interval or not sched.has_unfinished_requests():
             self.flush()
 
     def _write_step(self, so: Any, finished: list[tuple[str, str]], freed: dict[str, list[int]], start: float,
