@@ -16,10 +16,16 @@ Printed:
 - `cpu_ratio`: the paired median on the process's CPU time, which other processes disturb less;
 - `recorder_per_step`: the recorder's own time, timed directly around its hooks (the writes of pending
   rows included) and its KV cache manager wrappers (less vLLM's call inside), per recorded step (mean
-  and median: the mean carries the steps that write), and `recorder_share`, the mean against the mean
-  off step: the overhead without the neighbouring-step noise.
+  and median: the mean carries the steps that write), plus `on_add` (it runs in add_request, outside
+  the timed steps), and `recorder_share`, all of it against the mean off step: the overhead without
+  the neighbouring-step noise;
+- `noise`: whether the ratio's interval is narrower than that share, i.e. whether the ratio can tell the
+  recorder from noise at all (on 2 shared cores it mostly cannot: then recorder_share is the figure).
 
-    python bench/vllm_recorder.py [--requests 16] [--max-tokens 48] [--repeats 10] [--profile]
+`--control` runs the same pairs with recording off on both sides: the ratios' bias and spread when there
+is nothing to measure (a ratio away from 1.000 there is the bench's, not the recorder's).
+
+    python bench/vllm_recorder.py [--requests 16] [--max-tokens 48] [--repeats 10] [--profile] [--control]
 """
 from __future__ import annotations
 
@@ -47,10 +53,12 @@ class _Timer:
 
     def __init__(self) -> None:
         self.spent: dict[str, float] = defaultdict(float)
+        self.calls: dict[str, list[float]] = defaultdict(list)  # each call's time, for --profile's medians
         self.inner = 0.0  # time inside vLLM's own KV cache manager methods, so far
 
     def reset(self) -> None:
         self.spent.clear()
+        self.calls.clear()
 
     def total(self) -> float:
         return sum(s for name, s in self.spent.items() if not name.startswith(" "))
@@ -59,7 +67,9 @@ class _Timer:
         def timed(*args, **kwargs):
             inner, t = self.inner, time.perf_counter()
             out = fn(*args, **kwargs)
-            self.spent[name] += time.perf_counter() - t - (self.inner - inner)
+            spent = time.perf_counter() - t - (self.inner - inner)
+            self.spent[name] += spent
+            self.calls[name].append(spent)
             return out
         return timed
 
@@ -110,10 +120,10 @@ class _Switch:
 
 def _run(engine, prompts: list[list[int]], max_tokens: int, tag: str, switch: _Switch, phase: int = 0,
          pairs: list[tuple[float, float, float, float]] | None = None, timer: _Timer | None = None,
-         own: list[float] | None = None) -> None:
+         own: list[float] | None = None, control: bool = False) -> None:
     """All prompts to completion, recording on for steps of parity `phase`; appends (on, off, cpu on,
     cpu off) for each neighbouring pair of steps to `pairs` and the recorder's own time in each
-    recorded step to `own`."""
+    recorded step to `own`. `control`: the "on" steps run with recording off too."""
     from vllm import SamplingParams
 
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
@@ -123,7 +133,7 @@ def _run(engine, prompts: list[list[int]], max_tokens: int, tag: str, switch: _S
     held: tuple[bool, float, float] | None = None
     while engine.has_unfinished_requests():
         on = k % 2 == phase
-        switch.set(on)
+        switch.set(on and not control)
         before = timer.total() if timer is not None else 0.0
         t, c = time.perf_counter(), time.process_time()
         engine.step()
@@ -158,6 +168,8 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=48)
     p.add_argument("--repeats", type=int, default=10)
     p.add_argument("--profile", action="store_true", help="also print the recorder's time per hook")
+    p.add_argument("--control", action="store_true",
+                   help="recording off on both sides of every pair: the ratios' bias and spread without a recorder")
     args = p.parse_args()
 
     import random
@@ -183,28 +195,37 @@ def main() -> None:
     pairs: list[tuple[float, float, float, float]] = []
     own: list[float] = []
     for r in range(args.repeats):
-        _run(engine, prompts, args.max_tokens, f"r{r}", switch, r % 2, pairs, timer, own)
+        _run(engine, prompts, args.max_tokens, f"r{r}", switch, r % 2, pairs, timer, own, args.control)
     sched.close_trace()
     on, off, cpu_on, cpu_off = map(list, zip(*pairs))
     ratio, lo, hi = _paired_median(on, off)
-    step_off = statistics.median(off)
+    cpu, cpu_lo, cpu_hi = _paired_median(cpu_on, cpu_off)
     recorded = len(own)
     per_step = statistics.fmean(own)
+    # on_add runs in add_request, outside every timed step: spread over all steps (on and off alike).
+    adds = timer.spent.get("on_add", 0.0) / (2 * len(pairs))
+    share = 100 * (per_step + adds) / statistics.fmean(off)
     print(f"requests: {args.requests} x {args.max_tokens} tokens, {args.repeats} repeats, {len(pairs)} step pairs "
-          f"(on, off); load (1 min) {load_before:.2f} before, {os.getloadavg()[0]:.2f} after, "
-          f"{os.cpu_count()} CPUs")
-    print(f"step_time_off: {step_off * 1e3:.3f} ms (median)")
-    print(f"step_time_on: {statistics.median(on) * 1e3:.3f} ms (median)")
+          f"(on, off){', CONTROL: recording off on both sides' if args.control else ''}; load (1 min) "
+          f"{load_before:.2f} before, {os.getloadavg()[0]:.2f} after, {os.cpu_count()} CPUs")
+    print(f"step_time_off: {statistics.median(off) * 1e3:.3f} ms (median), {statistics.fmean(off) * 1e3:.3f} ms (mean)")
+    print(f"step_time_on: {statistics.median(on) * 1e3:.3f} ms (median), {statistics.fmean(on) * 1e3:.3f} ms (mean)")
     print(f"recorder_per_step: {per_step * 1e6:.1f} us mean, {statistics.median(own) * 1e6:.1f} us median "
-          f"(timed directly, {recorded} recorded steps)")
-    print(f"recorder_share: {100 * per_step / statistics.fmean(off):.2f} % (mean recorder time / mean off step; "
-          f"a loaded machine stretches both alike)")
+          f"(timed directly, {recorded} recorded steps), plus on_add {adds * 1e6:.1f} us per step")
+    print(f"recorder_share: {share:.2f} % (mean recorder time with on_add / mean off step; a loaded machine "
+          f"stretches both alike)")
     print(f"ratio: {ratio:.3f} (paired median; 90% interval {lo:.3f}-{hi:.3f})")
     print(f"ratio_mean: {sum(on) / sum(off):.3f}")
-    print(f"cpu_ratio: {_paired_median(cpu_on, cpu_off)[0]:.3f}")
+    print(f"cpu_ratio: {cpu:.3f} (90% interval {cpu_lo:.3f}-{cpu_hi:.3f})")
+    half = 50 * (hi - lo)
+    print(f"noise: the ratio's interval is +-{half:.2f} %, the recorder's timed share {share:.2f} %: "
+          + ("the ratio cannot resolve the recorder here, recorder_share is the overhead figure" if half > share
+             else "the ratio resolves the recorder"))
     if args.profile:
         for name, s in sorted(timer.spent.items(), key=lambda kv: -kv[1]):
-            print(f"  {name}: {s / max(recorded, 1) * 1e6:.1f} us/step")
+            calls = timer.calls[name]
+            print(f"  {name}: {s / max(recorded, 1) * 1e6:.1f} us/step, {len(calls)} calls, "
+                  f"{statistics.median(calls) * 1e6:.1f} us median call")
     tmp.cleanup()
 
 
