@@ -6,7 +6,8 @@ flipped each repeat): neighbouring steps carry nearly the same batch under the s
 which whole runs on a shared machine do not (two engines in one process, or alternating whole runs,
 gave step times 30-60 % apart either way). Off means the recorder is detached (the subclass calls vLLM's
 methods straight through) and vLLM's own KV cache manager methods are back. The trace of such a run
-misses every other step and is thrown away.
+misses every other step and is thrown away; the rows are written at twice vLLM's interval, so that each
+write carries as many recorded steps as when every step is recorded.
 
 Printed:
 - `ratio`: the median over neighbouring (on, off) step pairs of on / off, with a bootstrap 90 %
@@ -19,6 +20,8 @@ Printed:
   and median: the mean carries the steps that write), plus `on_add` (it runs in add_request, outside
   the timed steps), and `recorder_share`, all of it against the mean off step: the overhead without
   the neighbouring-step noise;
+- `gc_per_step`: Python's garbage collector's time in on and off steps (the recorder's objects wait
+  for the next write), which the direct timing does not see;
 - `noise`: whether the ratio's interval is narrower than that share, i.e. whether the ratio can tell the
   recorder from noise at all (on 2 shared cores it mostly cannot: then recorder_share is the figure).
 
@@ -100,6 +103,24 @@ def _time_recorder(recorder, manager, timer: _Timer) -> None:
         setattr(manager, name, timer.own(getattr(manager, name), f"kv {name}"))
 
 
+class _GcClock:
+    """Seconds spent in Python's garbage collector so far: the recorder's objects (held until the
+    next write) make collections more frequent, and they cost wherever they happen to run."""
+
+    def __init__(self) -> None:
+        import gc
+
+        self.total = 0.0
+        self._start = 0.0
+        gc.callbacks.append(self._callback)
+
+    def _callback(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._start = time.perf_counter()
+        else:
+            self.total += time.perf_counter() - self._start
+
+
 class _Switch:
     """Recording on or off for one engine whose scheduler is a RecordingScheduler."""
 
@@ -120,10 +141,12 @@ class _Switch:
 
 def _run(engine, prompts: list[list[int]], max_tokens: int, tag: str, switch: _Switch, phase: int = 0,
          pairs: list[tuple[float, float, float, float]] | None = None, timer: _Timer | None = None,
-         own: list[float] | None = None, control: bool = False) -> None:
+         own: list[float] | None = None, control: bool = False, gc_clock: _GcClock | None = None,
+         gc_time: dict[bool, list[float]] | None = None) -> None:
     """All prompts to completion, recording on for steps of parity `phase`; appends (on, off, cpu on,
-    cpu off) for each neighbouring pair of steps to `pairs` and the recorder's own time in each
-    recorded step to `own`. `control`: the "on" steps run with recording off too."""
+    cpu off) for each neighbouring pair of steps to `pairs`, the recorder's own time in each recorded
+    step to `own` and each step's garbage collection time to `gc_time[on]`. `control`: the "on" steps
+    run with recording off too."""
     from vllm import SamplingParams
 
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
@@ -135,9 +158,12 @@ def _run(engine, prompts: list[list[int]], max_tokens: int, tag: str, switch: _S
         on = k % 2 == phase
         switch.set(on and not control)
         before = timer.total() if timer is not None else 0.0
+        collected = gc_clock.total if gc_clock is not None else 0.0
         t, c = time.perf_counter(), time.process_time()
         engine.step()
         wall, cpu = time.perf_counter() - t, time.process_time() - c
+        if gc_time is not None:
+            gc_time[on].append(gc_clock.total - collected)
         if on and own is not None:
             own.append(timer.total() - before)
         if held is None:
@@ -188,14 +214,21 @@ def main() -> None:
     engine, sched = adapter.engine, adapter.scheduler
     _time_recorder(sched.stepscope, sched.kv_cache_manager, timer)
     switch = _Switch(sched)
+    # Rows are written every flush_interval seconds of wall time, and only every other step is recorded
+    # here: at twice the interval a write carries as many recorded steps as in a run recording them all
+    # (at the interval itself each write's fixed cost would count twice per recorded step).
+    sched.stepscope.flush_interval *= 2
     rng = random.Random(0)
     prompts = [[rng.randrange(10, 4000) for _ in range(rng.randrange(32, 160))] for _ in range(args.requests)]
     _run(engine, prompts, 4, "warm", switch)
     timer.reset()
+    gc_clock = _GcClock()
+    gc_time: dict[bool, list[float]] = {True: [], False: []}
     pairs: list[tuple[float, float, float, float]] = []
     own: list[float] = []
     for r in range(args.repeats):
-        _run(engine, prompts, args.max_tokens, f"r{r}", switch, r % 2, pairs, timer, own, args.control)
+        _run(engine, prompts, args.max_tokens, f"r{r}", switch, r % 2, pairs, timer, own, args.control,
+             gc_clock, gc_time)
     sched.close_trace()
     on, off, cpu_on, cpu_off = map(list, zip(*pairs))
     ratio, lo, hi = _paired_median(on, off)
@@ -217,6 +250,8 @@ def main() -> None:
     print(f"ratio: {ratio:.3f} (paired median; 90% interval {lo:.3f}-{hi:.3f})")
     print(f"ratio_mean: {sum(on) / sum(off):.3f}")
     print(f"cpu_ratio: {cpu:.3f} (90% interval {cpu_lo:.3f}-{cpu_hi:.3f})")
+    print(f"gc_per_step: {statistics.fmean(gc_time[True]) * 1e6:.1f} us on, {statistics.fmean(gc_time[False]) * 1e6:.1f} "
+          f"us off (mean; Python's collector, not in recorder_per_step)")
     half = 50 * (hi - lo)
     print(f"noise: the ratio's interval is +-{half:.2f} %, the recorder's timed share {share:.2f} %: "
           + ("the ratio cannot resolve the recorder here, recorder_share is the overhead figure" if half > share
