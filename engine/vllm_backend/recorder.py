@@ -47,6 +47,8 @@ class VllmStepRecorder:
         self.counts = StepCounts(self.kv)
         self.recorder = TraceRecorder(self.writer, self.counts, self.t0, snapshot_every=_NEVER)
         self.requests: dict[str, RecordedRequest] = {}
+        # Those with no output token yet: the only ones whose outputs a step has to look at.
+        self.awaiting_first: dict[str, RecordedRequest] = {}
         self.in_flight: deque[list[Any]] = deque()
         self._freed: list[tuple[str, list[int]]] = []
         # (recorder method, arguments) in the order vLLM made the calls, written by `flush`.
@@ -121,8 +123,8 @@ class VllmStepRecorder:
         now = time.monotonic()
         rec = RecordedRequest(request.request_id, request.arrival_time - self.wall_minus_mono, now,
                               request.num_prompt_tokens, list(request.prompt_token_ids or ()), request.max_tokens,
-                              request.priority)
-        self.requests[rec.request_id] = rec
+                              request.priority, source=request)
+        self.requests[rec.request_id] = self.awaiting_first[rec.request_id] = rec
         self.recorder.on_add(rec)  # now, while the request is unfinished: it only joins the live ones
 
     def on_reject(self, request_id: str, prompt_token_ids: list[int], arrival_time: float, reason: str) -> None:
@@ -161,23 +163,18 @@ class VllmStepRecorder:
     def on_update(self, outputs: dict[int, Any], update_start: float, end: float) -> None:
         freed = dict(self.take_freed())
         so, start, sched_end, exec_end = self.in_flight.popleft()
-        recs = self.requests
+        awaiting = self.awaiting_first
         finished: list[tuple[str, str]] = []
         any_output = False
         for eco in outputs.values():
             for o in eco.outputs:
                 any_output = True
-                r = recs.get(o.request_id)
-                if o.new_token_ids and r is not None:
-                    if r.first_token_time is None:
-                        r.first_token_time = end
-                    r.output_token_ids.extend(o.new_token_ids)
+                if o.request_id in awaiting and o.new_token_ids:
+                    awaiting.pop(o.request_id).first_token_time = end
                 if o.finish_reason is not None:
                     reason = str(o.finish_reason)
                     finished.append((o.request_id, reason))
-                    if r is not None:
-                        r.finish_reason, r.finished_time = reason, end
-                        del recs[o.request_id]
+                    self._ended(o.request_id, reason, end)
         kv = self.kv
         if not (so.total_num_scheduled_tokens or so.preempted_req_ids or any_output or kv.events):
             # vLLM's empty step that only tells the workers which requests finished: no decision.
@@ -197,6 +194,12 @@ class VllmStepRecorder:
         # new requests arrive.
         if end - self._last_flush >= self.flush_interval or not sched.has_unfinished_requests():
             self.flush()
+
+    def _ended(self, request_id: str, reason: str, when: float) -> None:
+        if (r := self.requests.pop(request_id, None)) is not None:
+            self.awaiting_first.pop(request_id, None)
+            r.finish_reason, r.finished_time = reason, when
+            r.take_outputs()
 
     def _write_step(self, so: Any, finished: list[tuple[str, str]], freed: dict[str, list[int]], start: float,
                     end: float, schedule_time: float, execute_time: float, sample_time: float, num_running: int,
@@ -227,11 +230,12 @@ class VllmStepRecorder:
         now = time.monotonic()
         freed = dict(self.take_freed())
         for rid in freed:
-            if (r := self.requests.pop(rid, None)) is not None:
-                r.finish_reason, r.finished_time = reason_of(rid), now
+            self._ended(rid, reason_of(rid), now)
         if freed:
             self.pending.append((self.recorder.on_abort, (freed,)))
 
     def close(self, **final_meta: Any) -> None:
         self.flush()
+        for r in self.requests.values():  # unfinished: their outputs so far
+            r.take_outputs()
         self.recorder.close(**final_meta)

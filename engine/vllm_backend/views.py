@@ -27,6 +27,12 @@ class RecordedRequest:
     num_preemptions: int = 0
     finish_reason: str | None = None
     error: str | None = None
+    # vLLM's own Request: its output tokens are read once, when it ends, rather than gathered every step.
+    source: Any = None
+
+    def take_outputs(self) -> None:
+        if self.source is not None:
+            self.output_token_ids = list(self.source.output_token_ids)
 
     @property
     def num_output_tokens(self) -> int:
