@@ -156,9 +156,8 @@ class VllmStepRecorder:
 
     def on_execute_end(self, when: float) -> None:
         """vLLM asks for the grammar bitmask between the forward pass and sampling."""
-        for step in reversed(self.in_flight):
-            step[3] = when
-            break
+        if self.in_flight:
+            self.in_flight[-1][3] = when
 
     def on_update(self, outputs: dict[int, Any], update_start: float, end: float) -> None:
         freed = dict(self.take_freed())
