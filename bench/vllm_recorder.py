@@ -22,6 +22,9 @@ Printed:
   the neighbouring-step noise;
 - `gc_per_step`: Python's garbage collector's time in on and off steps (the recorder's objects wait
   for the next write), which the direct timing does not see;
+- `timing_floor`: what one timed call costs the bench itself, timed in place (a timed no-op each step),
+  times the timed calls per recorded step: that much of recorder_per_step, and of every on step, is
+  the measurement's, not the recorder's;
 - `noise`: whether the ratio's interval is narrower than that share, i.e. whether the ratio can tell the
   recorder from noise at all (on 2 shared cores it mostly cannot: then recorder_share is the figure).
 
@@ -43,6 +46,7 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 HOOKS = ("on_add", "on_schedule", "on_execute_end", "on_update", "on_abort")
 KV_METHODS = ("allocate_slots", "cache_blocks", "free")
+PROBE = " probe"  # a timed no-op; names starting with a space are not the recorder's time
 
 
 def _engine_kwargs(model_dir: str) -> dict:
@@ -101,6 +105,15 @@ def _time_recorder(recorder, manager, timer: _Timer) -> None:
             setattr(recorder, name, timer.own(getattr(recorder, name), f"  {name} (in on_update)"))
     for name in KV_METHODS:
         setattr(manager, name, timer.own(getattr(manager, name), f"kv {name}"))
+    # The timing's own cost, in place: a timed call of nothing once per step, next to a real hook (a
+    # loop of them elsewhere runs on warm caches and reads several times lower).
+    probe, hook = timer.own(lambda *args: None, PROBE), recorder.on_execute_end
+
+    def on_execute_end(*args):
+        probe()
+        return hook(*args)
+
+    recorder.on_execute_end = on_execute_end
 
 
 class _GcClock:
@@ -252,6 +265,13 @@ def main() -> None:
     print(f"cpu_ratio: {cpu:.3f} (90% interval {cpu_lo:.3f}-{cpu_hi:.3f})")
     print(f"gc_per_step: {statistics.fmean(gc_time[True]) * 1e6:.1f} us on, {statistics.fmean(gc_time[False]) * 1e6:.1f} "
           f"us off (mean; Python's collector, not in recorder_per_step)")
+    probes = timer.calls.get(PROBE) or [0.0]
+    # Nested ones (flush, _write_step) cost inside on_update's time too; on_add is outside the steps.
+    timed_calls = sum(len(c) for name, c in timer.calls.items() if name not in (PROBE, "on_add")) / max(recorded, 1)
+    floor = statistics.median(probes)
+    print(f"timing_floor: {floor * 1e6:.2f} us per timed call (median of a timed no-op, in place), "
+          f"{timed_calls:.1f} timed calls per recorded step: ~{floor * timed_calls * 1e6:.1f} us of recorder_per_step "
+          f"(and of the on steps) is the bench's own timing")
     half = 50 * (hi - lo)
     print(f"noise: the ratio's interval is +-{half:.2f} %, the recorder's timed share {share:.2f} %: "
           + ("the ratio cannot resolve the recorder here, recorder_share is the overhead figure" if half > share
