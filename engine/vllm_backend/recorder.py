@@ -190,8 +190,9 @@ class VllmStepRecorder:
             len(sched.running), len(sched.waiting), kv.block_pool.pool.get_num_free_blocks(), events, snapshot)))
         # Out of unfinished requests is vLLM's idle moment: has_requests() stays true one step longer, for
         # the empty step that reports the finished ones, which an in-process LLMEngine only runs once
-        # new requests arrive.
-        if end - self._last_flush >= self.flush_interval or not sched.has_unfinished_requests():
+        # new requests arrive. Only a step that finished some can be the last (aborts end in that
+        # empty step, above), so the others skip the question.
+        if end - self._last_flush >= self.flush_interval or (finished and not sched.has_unfinished_requests()):
             self.flush()
 
     def _ended(self, request_id: str, reason: str, when: float) -> None:
