@@ -31,8 +31,10 @@ class RecordedRequest:
     source: Any = None
 
     def take_outputs(self) -> None:
+        """The output tokens so far, from vLLM's Request, which is let go of then (vLLM has dropped it)."""
         if self.source is not None:
             self.output_token_ids = list(self.source.output_token_ids)
+            self.source = None
 
     @property
     def num_output_tokens(self) -> int:
