@@ -254,6 +254,16 @@ def test_block_events_rebuild_vllms_block_tables(tmp_path, monkeypatch):
     assert sum(1 for b in state if not b.holders) == free
 
 
+def test_requests_unfinished_at_close_keep_the_tokens_vllm_gave_them(tmp_path, monkeypatch):
+    path, fake = record_fake(tmp_path, monkeypatch, "unfinished", reserve_full_isl=False, stop_after=12)
+    outputs = {rid: len(r.output_token_ids) for rid, r in fake.sched.requests.items()}
+    fake.sched.close_trace()
+    reqs = traces.load(path).requests.set_index("request_id")
+    assert any(outputs.values())
+    assert {rid: reqs.loc[rid, "num_output_tokens"] for rid in outputs} == outputs
+    assert all(len(reqs.loc[rid, "output_token_ids"]) == n for rid, n in outputs.items())
+
+
 def test_trace_cut_short_reads_up_to_the_last_step(tmp_path, monkeypatch):
     path, fake = record_fake(tmp_path, monkeypatch, "cut", reserve_full_isl=False, stop_after=6, flush_interval=0.0)
     t = traces.load(path)
@@ -270,6 +280,15 @@ def test_rows_wait_for_the_flush_interval_while_vllm_is_busy(tmp_path, monkeypat
     assert traces.load(path).steps.empty
     rec.flush()
     assert len(traces.load(path).steps) == 6
+
+
+def test_rows_are_written_when_vllm_runs_out_of_requests(tmp_path, monkeypatch):
+    # Not at the next interval after new requests arrive: vLLM may wait for them indefinitely.
+    path, fake = record_fake(tmp_path, monkeypatch, "idle", reserve_full_isl=False, flush_interval=3600.0)
+    rec = fake.sched.stepscope
+    assert not fake.sched.has_requests() and not rec.pending
+    t = traces.load(path)
+    assert len(t.steps) == rec.num_steps and not t.complete
 
 
 def test_engine_core_shutdown_closes_the_trace_before_anything_else(tmp_path, monkeypatch):

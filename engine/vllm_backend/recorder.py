@@ -8,9 +8,11 @@ engine core's batch-queue order under async scheduling.
 
 vLLM's step is the hot path, so a step only copies what would change under it (the scheduled block
 ids, which vLLM's model runner extends in place; queue lengths; the step's block events) into a
-pending list. Rows are built and written as Arrow record batches every `flush_interval` seconds and
-whenever vLLM runs out of requests (the idle moment before it waits), so a killed server loses at most
-that interval. Built per step and written as JSON lines, rows cost 150-180 us of a 39 ms CPU step.
+pending list, and looks at a request's outputs only until its first token: the output tokens are read
+from vLLM's own Request when it ends. Rows are built and written as Arrow record batches every
+`flush_interval` seconds and whenever vLLM runs out of unfinished requests (the idle moment before it
+waits), so a killed server loses at most that interval. Built per step and written as JSON lines,
+rows cost 150-180 us of a 39 ms CPU step.
 """
 from __future__ import annotations
 
@@ -47,6 +49,8 @@ class VllmStepRecorder:
         self.counts = StepCounts(self.kv)
         self.recorder = TraceRecorder(self.writer, self.counts, self.t0, snapshot_every=_NEVER)
         self.requests: dict[str, RecordedRequest] = {}
+        # Those with no output token yet: the only ones whose outputs a step has to look at.
+        self.awaiting_first: dict[str, RecordedRequest] = {}
         self.in_flight: deque[list[Any]] = deque()
         self._freed: list[tuple[str, list[int]]] = []
         # (recorder method, arguments) in the order vLLM made the calls, written by `flush`.
@@ -121,8 +125,8 @@ class VllmStepRecorder:
         now = time.monotonic()
         rec = RecordedRequest(request.request_id, request.arrival_time - self.wall_minus_mono, now,
                               request.num_prompt_tokens, list(request.prompt_token_ids or ()), request.max_tokens,
-                              request.priority)
-        self.requests[rec.request_id] = rec
+                              request.priority, source=request)
+        self.requests[rec.request_id] = self.awaiting_first[rec.request_id] = rec
         self.recorder.on_add(rec)  # now, while the request is unfinished: it only joins the live ones
 
     def on_reject(self, request_id: str, prompt_token_ids: list[int], arrival_time: float, reason: str) -> None:
@@ -154,33 +158,30 @@ class VllmStepRecorder:
 
     def on_execute_end(self, when: float) -> None:
         """vLLM asks for the grammar bitmask between the forward pass and sampling."""
-        for step in reversed(self.in_flight):
-            step[3] = when
-            break
+        if self.in_flight:
+            self.in_flight[-1][3] = when
 
     def on_update(self, outputs: dict[int, Any], update_start: float, end: float) -> None:
         freed = dict(self.take_freed())
         so, start, sched_end, exec_end = self.in_flight.popleft()
-        recs = self.requests
+        awaiting = self.awaiting_first
         finished: list[tuple[str, str]] = []
         any_output = False
         for eco in outputs.values():
             for o in eco.outputs:
                 any_output = True
-                r = recs.get(o.request_id)
-                if o.new_token_ids and r is not None:
-                    if r.first_token_time is None:
-                        r.first_token_time = end
-                    r.output_token_ids.extend(o.new_token_ids)
+                if o.request_id in awaiting and o.new_token_ids:
+                    awaiting.pop(o.request_id).first_token_time = end
                 if o.finish_reason is not None:
                     reason = str(o.finish_reason)
                     finished.append((o.request_id, reason))
-                    if r is not None:
-                        r.finish_reason, r.finished_time = reason, end
-                        del recs[o.request_id]
+                    self._ended(o.request_id, reason, end)
         kv = self.kv
         if not (so.total_num_scheduled_tokens or so.preempted_req_ids or any_output or kv.events):
-            return  # vLLM's empty step that only tells the workers which requests finished: no decision
+            # vLLM's empty step that only tells the workers which requests finished: no decision.
+            if self.pending and not self.scheduler.has_unfinished_requests():
+                self.flush()  # aborts pending from between steps
+            return
         sched = self.scheduler
         step = self.num_steps
         self.num_steps += 1
@@ -189,8 +190,18 @@ class VllmStepRecorder:
         self.pending.append((self._write_step, (
             so, finished, freed, start, end, sched_end - start, exec_end - sched_end, update_start - exec_end,
             len(sched.running), len(sched.waiting), kv.block_pool.pool.get_num_free_blocks(), events, snapshot)))
-        if end - self._last_flush >= self.flush_interval or not sched.has_requests():
+        # Out of unfinished requests is vLLM's idle moment: has_requests() stays true one step longer, for
+        # the empty step that reports the finished ones, which an in-process LLMEngine only runs once
+        # new requests arrive. Only a step that finished some can be the last (aborts end in that
+        # empty step, above), so the others skip the question.
+        if end - self._last_flush >= self.flush_interval or (finished and not sched.has_unfinished_requests()):
             self.flush()
+
+    def _ended(self, request_id: str, reason: str, when: float) -> None:
+        if (r := self.requests.pop(request_id, None)) is not None:
+            self.awaiting_first.pop(request_id, None)
+            r.finish_reason, r.finished_time = reason, when
+            r.take_outputs()
 
     def _write_step(self, so: Any, finished: list[tuple[str, str]], freed: dict[str, list[int]], start: float,
                     end: float, schedule_time: float, execute_time: float, sample_time: float, num_running: int,
@@ -221,11 +232,12 @@ class VllmStepRecorder:
         now = time.monotonic()
         freed = dict(self.take_freed())
         for rid in freed:
-            if (r := self.requests.pop(rid, None)) is not None:
-                r.finish_reason, r.finished_time = reason_of(rid), now
+            self._ended(rid, reason_of(rid), now)
         if freed:
             self.pending.append((self.recorder.on_abort, (freed,)))
 
     def close(self, **final_meta: Any) -> None:
         self.flush()
+        for r in self.requests.values():  # unfinished: their outputs so far
+            r.take_outputs()
         self.recorder.close(**final_meta)

@@ -27,6 +27,14 @@ class RecordedRequest:
     num_preemptions: int = 0
     finish_reason: str | None = None
     error: str | None = None
+    # vLLM's own Request: its output tokens are read once, when it ends, rather than gathered every step.
+    source: Any = None
+
+    def take_outputs(self) -> None:
+        """The output tokens so far, from vLLM's Request, which is let go of then (vLLM has dropped it)."""
+        if self.source is not None:
+            self.output_token_ids = list(self.source.output_token_ids)
+            self.source = None
 
     @property
     def num_output_tokens(self) -> int:
@@ -103,10 +111,12 @@ def core_output(so: Any, requests: dict[str, Any], preempted: list[tuple[str, li
            for d in so.scheduled_new_reqs if d.req_id not in resumed_as_new]
     c = so.scheduled_cached_reqs
     resumed = c.resumed_req_ids
+    n = len(c.req_ids)
+    # Resumptions are rare: most steps skip the per-request membership tests below.
     cached = CachedRequestData(
-        list(c.req_ids), [rid in resumed for rid in c.req_ids], [None] * len(c.req_ids),
+        list(c.req_ids), [rid in resumed for rid in c.req_ids] if resumed else [False] * n, [None] * n,
         [list(ids[0]) if ids else [] for ids in c.new_block_ids], list(c.num_computed_tokens))
-    for d in so.scheduled_new_reqs:
+    for d in so.scheduled_new_reqs if resumed_as_new else ():
         if d.req_id in resumed_as_new:
             cached.req_ids.append(d.req_id)
             cached.resumed_from_preemption.append(True)
@@ -120,7 +130,8 @@ def core_output(so: Any, requests: dict[str, Any], preempted: list[tuple[str, li
             if r.num_computed_tokens - 1 >= r.num_prompt_tokens and not r.is_prefill_chunk:
                 decode.add(rid)
     hits = sum(d.num_computed_tokens for d in so.scheduled_new_reqs)
-    hits += sum(n for rid, n in zip(c.req_ids, c.num_computed_tokens) if rid in resumed)
+    if resumed:
+        hits += sum(k for rid, k in zip(c.req_ids, c.num_computed_tokens) if rid in resumed)
     num_decode = len(decode)
     total = so.total_num_scheduled_tokens
     return SchedulerOutput(new, cached, dict(num), total, set(so.finished_req_ids),
