@@ -58,9 +58,8 @@ def run_workload(engine, workload, time_scale: float = 1.0, max_requests: int | 
 
 def main_run(args) -> int:
     """Entry for the CLI: build the engine with a trace (a temporary one if --trace is absent)."""
-    import traces
     from engine.config import EngineArgs
-    from traces.summary import SUMMARY_COLUMNS, format_summary, summarize
+    from traces.summary import trace_summary
     from workloads import load_workload
 
     if args.time_scale <= 0:
@@ -88,9 +87,7 @@ def main_run(args) -> int:
                                                    "max_requests": args.max_requests})
     result = run_workload(engine, workload, args.time_scale, args.max_requests, progress=not args.no_progress)
     engine.shutdown(interrupted=result.interrupted)
-    # Only what the summary reads: a long run's decisions and block events are most of its trace.
-    trace = traces.load(config.observability_config.trace_dir, columns=SUMMARY_COLUMNS, tables=SUMMARY_COLUMNS)
-    print(format_summary(summarize(trace.requests, trace.steps)))
+    print(trace_summary(config.observability_config.trace_dir))
     if tmp is None:
         print(f"trace: {config.observability_config.trace_dir}")
     else:

@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from traces.console import run_cli
-from traces.reader import TraceError, load
+from traces.reader import TraceError
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -30,10 +30,9 @@ def main(argv: list[str] | None = None) -> int:
             doc = export_perfetto(args.trace_dirs, args.output)
             print(f"wrote {args.output}: {len(doc['traceEvents'])} events from {len(args.trace_dirs)} trace(s)")
         else:
-            from traces.summary import SUMMARY_COLUMNS, format_summary, summarize
+            from traces.summary import trace_summary
 
-            t = load(args.trace_dir, columns=SUMMARY_COLUMNS, tables=SUMMARY_COLUMNS)
-            print(format_summary(summarize(t.requests, t.steps)))
+            print(trace_summary(args.trace_dir))
         return 0
 
     return run_cli(f"python -m traces {args.command}", body, (TraceError,))

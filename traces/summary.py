@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-# The columns `summarize` reads: `traces.load(path, columns=SUMMARY_COLUMNS, tables=SUMMARY_COLUMNS)`.
+# The columns `summarize` reads (see `trace_summary`).
 SUMMARY_COLUMNS = {
     "requests": ("request_id", "arrival", "first_scheduled", "first_token", "finish", "num_prompt_tokens",
                  "num_output_tokens", "num_cached_tokens", "num_preemptions", "finish_reason", "error"),
@@ -116,3 +116,12 @@ def format_summary(s: dict[str, Any]) -> str:
         lines.append(f"steps: {s['steps']}, KV usage mean {s['kv_usage_mean'] * 100:.1f}%, "
                      f"max {s['kv_usage_max'] * 100:.1f}%")
     return "\n".join(lines)
+
+
+def trace_summary(path) -> str:
+    """The console summary of a trace directory, read from the summary's columns only: a long run's
+    decisions and block events, most of its trace, are never loaded."""
+    from traces.reader import load
+
+    t = load(path, columns=SUMMARY_COLUMNS, tables=SUMMARY_COLUMNS)
+    return format_summary(summarize(t.requests, t.steps))

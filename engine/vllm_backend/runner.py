@@ -108,9 +108,8 @@ def _vllm_on_cpu() -> bool:
 
 def main_run_vllm(args: Namespace, workload: Any) -> int:
     """`engine run --backend vllm`; with no --model the built-in model, saved as a checkpoint first."""
-    import traces
     from engine.run import run_workload
-    from traces.summary import format_summary, summarize
+    from traces.summary import trace_summary
 
     if getattr(args, "block_size", None) == 16:  # stepscope's default, which vLLM-CPU refuses
         args.block_size = CPU_BLOCK_SIZE
@@ -136,8 +135,7 @@ def main_run_vllm(args: Namespace, workload: Any) -> int:
     sched.stepscope.set_t0(time.monotonic())
     result = run_workload(engine, workload, args.time_scale, args.max_requests, progress=not args.no_progress)
     sched.close_trace(interrupted=result.interrupted, wall_time=result.wall_time)
-    trace = traces.load(trace_dir)
-    print(format_summary(summarize(trace.requests, trace.steps)))
+    print(trace_summary(trace_dir))
     if tmp is None:
         print(f"trace: {trace_dir}")
     else:
