@@ -260,3 +260,13 @@ def test_roofline_context_length_is_the_presets(name):
 
 def test_llama_3_1_8b_roofline_addresses_131072_positions():
     assert model_shape("llama-3.1-8b").max_positions == 131072
+
+
+def test_recorded_step_time_starts_when_the_step_before_it_ended():
+    """Async scheduling schedules step k+1 before step k ends; its device time starts at that end."""
+    import numpy as np
+
+    from sim.cost_models.recorded import RecordedCostModel
+
+    model = RecordedCostModel(np.array([0.0, 1.0, 3.5]), np.array([2.0, 3.0, 4.0]))
+    assert [model.step_time(None, i) for i in range(3)] == [2.0, 1.0, 0.5]

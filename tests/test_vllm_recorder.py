@@ -218,6 +218,16 @@ def test_async_replay_makes_vllms_decision_at_every_step(tmp_path, monkeypatch):
     assert first_difference(t, replay(path, tmp_path / "replay")) is None
 
 
+def test_async_replay_ends_every_step_when_vllm_applied_its_output(tmp_path, monkeypatch):
+    # Async steps overlap (k+1 is scheduled before k's output applies): a replay that took each step's
+    # end - start as its device time ended steps late, and arrivals then landed in other steps.
+    path, fake = record_fake(tmp_path, monkeypatch, "async-clock", async_scheduling=True)
+    fake.sched.close_trace()
+    t = traces.load(path)
+    sim = replay(path, tmp_path / "replay")
+    assert sim.steps["end"].to_numpy() == pytest.approx(t.steps["end"].to_numpy(), abs=1e-6)
+
+
 def test_abort_between_steps_is_recorded_and_replayed(tmp_path, monkeypatch):
     path, fake = record_fake(tmp_path, monkeypatch, "abort", reserve_full_isl=False, aborts={6: "r1"})
     fake.sched.close_trace()

@@ -1,7 +1,9 @@
 """`recorded`: step times read back from an engine trace, for replaying that very run.
 
-Step i takes what step i took in the trace (`end - start`), and `step_start(i)` tells the loop when
-the engine began it, so a replay on the same config reproduces the engine's clock and hence every
+Step i takes what step i took in the trace once the step before it had ended (`end - max(start,
+previous end)`: under async scheduling step i is scheduled while step i-1 still runs, and the loop
+starts its device time when i-1 ends), and `step_start(i)` tells the loop when the engine began it, so
+a replay on the same config reproduces the engine's clock, every step's end included, and hence every
 scheduling decision. Steps past the end of the trace (a replay with another config can take more)
 take the median recorded step time.
 """
@@ -19,7 +21,8 @@ class RecordedCostModel:
 
     def __init__(self, starts: np.ndarray, ends: np.ndarray, source: str = "") -> None:
         self.starts = [float(s) for s in starts]
-        self.durations = [max(0.0, float(e - s)) for s, e in zip(starts, ends)]
+        previous_ends = [-np.inf, *ends[:-1]]
+        self.durations = [max(0.0, float(e - max(s, p))) for s, e, p in zip(starts, ends, previous_ends)]
         self.fallback = float(np.median(self.durations)) if self.durations else 0.0
         self.source = source
 
