@@ -106,7 +106,7 @@ class Scheduler:
         if out.preempted_req_ids:  # a step that preempts admits nobody
             if self.waiting:
                 out.admission_stop = (self.waiting.peek_request().request_id, "preempted", 0, 0)
-        else:
+        elif self.waiting:  # with nobody waiting there is nothing to admit and no reason to note
             budget = self._schedule_waiting(out, budget, threshold, now)
         out.total_num_scheduled_tokens = self.max_num_scheduled_tokens - budget
         out.num_decode_tokens = len(out.decode_req_ids)  # a decode is scheduled its one token left
@@ -398,6 +398,9 @@ class Scheduler:
         return self.kv_cache_manager.reset_prefix_cache()
 
     def make_stats(self) -> SchedulerStats:
+        """Built every step: the KV usage is `kv.usage` read without its two property calls."""
         kv = self.kv_cache_manager
-        return SchedulerStats(len(self.running), len(self.waiting), kv.usage, self._num_preempted_last_step,
+        pool = kv.block_pool
+        usage = 1.0 - pool.free_block_queue.num_free_blocks / (pool.num_blocks - 1)
+        return SchedulerStats(len(self.running), len(self.waiting), usage, self._num_preempted_last_step,
                               kv.make_prefix_cache_stats())
