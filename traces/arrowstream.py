@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator, Sequence
-from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -26,33 +25,13 @@ def arrow_stream_file(table: str) -> str:
 
 
 def to_batch(columns: dict[str, list[Any]], schema: Any) -> Any:
-    """The buffered columns (one Python list each, in the schema's order) as one Arrow record batch."""
+    """The buffered columns (one Python list each, in the schema's order) as one Arrow record batch.
+    `pa.array` with the column's type converts list columns (null rows, tuples) itself: on pyarrow 26
+    it is as fast as building offsets and values by hand for long lists (token ids) and two to three
+    times faster for the short ones most rows carry (block ids, mostly none)."""
     import pyarrow as pa
 
-    return pa.record_batch([_array(columns[f.name], f.type) for f in schema], schema=schema)
-
-
-def _array(values: list[Any], ty: Any) -> Any:
-    """pa.array, except that list columns are built from offsets and one flat array of values: several
-    times faster than letting Arrow inspect each row's list (null rows allowed)."""
-    import numpy as np
-    import pyarrow as pa
-
-    if not pa.types.is_list(ty):
-        return pa.array(values, ty)
-    n = len(values)
-    mask = None
-    try:
-        lengths = np.fromiter(map(len, values), np.int32, n)
-    except TypeError:  # null rows
-        mask = pa.array([v is None for v in values], pa.bool_())
-        values = [() if v is None else v for v in values]
-        lengths = np.fromiter(map(len, values), np.int32, n)
-    offsets = np.zeros(n + 1, np.int32)
-    np.cumsum(lengths, out=offsets[1:])
-    flat = chain.from_iterable(values)
-    items = np.fromiter(flat, np.int64) if pa.types.is_integer(ty.value_type) else list(flat)
-    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(items, ty.value_type), type=ty, mask=mask)
+    return pa.record_batch([pa.array(columns[f.name], f.type) for f in schema], schema=schema)
 
 
 def iter_batches(path: Path, memory_map: bool = True) -> tuple[Any, Iterator[Any], list[bool]]:
