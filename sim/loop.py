@@ -45,6 +45,8 @@ class CycleRecorder:
     def __init__(self, recorder: TraceRecorder, cost: CostModel | None = None) -> None:
         self.recorder = recorder
         self.cost = cost
+        # A cost model that splits its step (model time, host time) has `last_phases` from the start.
+        self._split = hasattr(cost, "last_phases")
 
     def on_add(self, request: Request) -> None:
         self.recorder.on_add(request)
@@ -54,11 +56,10 @@ class CycleRecorder:
 
     def on_step(self, so: SchedulerOutput, outputs: EngineCoreOutputs, times: StepTimes) -> list[Request]:
         t_sched, t_exec, t_sample, t_update, t_end = times
-        # A cost model that splits its step (model time, host time) says so; the clock only sees the sum.
-        phases = getattr(self.cost, "last_phases", None)
-        if phases is None:
-            phases = (t_exec - t_sched, t_sample - t_exec, t_update - t_sample)
-        return self.recorder.on_step(so, outputs, t_sched, t_end, *phases)
+        if self._split:  # the clock only sees the sum of the cost model's phases
+            return self.recorder.on_step(so, outputs, t_sched, t_end, *self.cost.last_phases)
+        return self.recorder.on_step(so, outputs, t_sched, t_end, t_exec - t_sched, t_sample - t_exec,
+                                     t_update - t_sample)
 
 
 @contextmanager

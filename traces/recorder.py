@@ -44,6 +44,9 @@ class TraceRecorder:
         self.writer = writer
         self.scheduler = scheduler
         self.kv = scheduler.kv_cache_manager
+        # Read for every steps row: the pool's size is fixed, its free count is the queue's.
+        self._num_usable_blocks = self.kv.block_pool.num_usable_blocks
+        self._free_queue = self.kv.block_pool.free_block_queue
         self.t0 = t0
         self.snapshot_every = snapshot_every
         self.step = 0
@@ -129,14 +132,14 @@ class TraceRecorder:
             if step % self.snapshot_every == 0:
                 writer.write_rows("block_snapshots", self.block_snapshot(step))
         if self._steps:
-            sched, pool, t0 = self.scheduler, self.kv.block_pool, self.t0
-            num_usable = pool.num_usable_blocks
+            sched, t0 = self.scheduler, self.t0
+            num_usable = self._num_usable_blocks
             stop = so.admission_stop  # OPTIONAL_COLUMNS["steps"]: why the waiting queue stopped being admitted
             rid, reason, needed, available = _NO_STOP if stop is None else stop
             self._step_rows.append((
                 step, start - t0, end - t0, so.num_prefill_tokens, so.num_decode_tokens,
                 so.total_num_scheduled_tokens, len(sched.running), len(sched.waiting), len(so.preempted_req_ids),
-                num_usable - pool.get_num_free_blocks(), num_usable, so.prefix_hit_tokens,
+                num_usable - self._free_queue.num_free_blocks, num_usable, so.prefix_hit_tokens,
                 len(so.scheduled_new_reqs), num_finished, schedule_time, execute_time, sample_time,
                 reason, rid, needed, available))
         if not self._direct:

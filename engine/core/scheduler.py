@@ -96,7 +96,9 @@ class Scheduler:
         """Running requests first, in order, then waiting ones; each scheduled request is advanced past its
         tokens at once (the output keeps the counts before), so the next step can follow at once."""
         now = self.clock()
-        out = SchedulerOutput([], CachedRequestData(), {}, 0, self._take_finished_req_ids())
+        # Requests finished since the last step are told to the workers once: this output carries them.
+        finished, self.finished_req_ids = self.finished_req_ids, set()
+        out = SchedulerOutput([], CachedRequestData([], [], [], [], []), {}, 0, finished)
         # vLLM 0.32: the long-prefill cap only applies when another request could use the budget.
         threshold = self.long_prefill_token_threshold if len(self.running) + len(self.waiting) > 1 else 0
         budget = self._schedule_running(out, self.max_num_scheduled_tokens, threshold)
@@ -261,11 +263,6 @@ class Scheduler:
         out.preempted_block_ids[vid] = self._preempt(victim)
         out.preempted_req_ids.append(vid)
         return n
-
-    def _take_finished_req_ids(self) -> set[str]:
-        """Requests finished since the last step, told to the workers once (the next output carries them)."""
-        finished, self.finished_req_ids = self.finished_req_ids, set()
-        return finished
 
     def _pick_victim(self) -> Request:
         if self.priority_policy:
