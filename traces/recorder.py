@@ -44,9 +44,9 @@ class TraceRecorder:
         self.writer = writer
         self.scheduler = scheduler
         self.kv = scheduler.kv_cache_manager
-        # Read for every steps row: the pool's size is fixed, its free count is the queue's.
+        # Read for every steps row: the pool's size is fixed (engine.core's pool or a view of vLLM's).
         self._num_usable_blocks = self.kv.block_pool.num_usable_blocks
-        self._free_queue = self.kv.block_pool.free_block_queue
+        self._num_free_blocks = self.kv.block_pool.get_num_free_blocks
         self.t0 = t0
         self.snapshot_every = snapshot_every
         self.step = 0
@@ -139,7 +139,7 @@ class TraceRecorder:
             self._step_rows.append((
                 step, start - t0, end - t0, so.num_prefill_tokens, so.num_decode_tokens,
                 so.total_num_scheduled_tokens, len(sched.running), len(sched.waiting), len(so.preempted_req_ids),
-                num_usable - self._free_queue.num_free_blocks, num_usable, so.prefix_hit_tokens,
+                num_usable - self._num_free_blocks(), num_usable, so.prefix_hit_tokens,
                 len(so.scheduled_new_reqs), num_finished, schedule_time, execute_time, sample_time,
                 reason, rid, needed, available))
         if not self._direct:
