@@ -342,9 +342,10 @@ class Scheduler:
             self.running = [r for r in self.running if r not in stopped_running]
         if stopped_waiting:
             self.waiting.remove_requests(stopped_waiting)
-        for req in self._rejected:
-            outputs.append(EngineCoreOutput(req.request_id, [], finish_reason="error", stop_reason=req.error))
-        self._rejected.clear()
+        if self._rejected:
+            for req in self._rejected:
+                outputs.append(EngineCoreOutput(req.request_id, [], finish_reason="error", stop_reason=req.error))
+            self._rejected.clear()
         return EngineCoreOutputs(outputs, self.make_stats())
 
     def _settle_placeholders(self, req: Request, num_new: int, stale: bool, status_before: RequestStatus) -> None:
