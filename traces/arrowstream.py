@@ -18,6 +18,9 @@ from traces.schema import TEMP_SUFFIX
 # it is written, and the requests table's token ids make its rows large.
 ROW_GROUP_ROWS = 1 << 19
 ROW_GROUP_BYTES = 64 << 20
+# The keys a reader selects rows by. No reader here uses statistics; min/max of every column cost 12%
+# of compaction (a 6000-request replay's tables: 0.57 -> 0.50 s) for nothing.
+STATISTICS_COLUMNS = ("step", "request_id")
 
 
 def arrow_stream_file(table: str) -> str:
@@ -102,7 +105,9 @@ def arrow_stream_to_parquet(src: Path, dst: Path) -> None:
 
     schema, batches, _ = iter_batches(src, memory_map=False)
     tmp = dst.with_name(f"{dst.name}.{os.getpid()}{TEMP_SUFFIX}")
-    with pq.ParquetWriter(tmp, schema, use_dictionary=dictionary_columns(schema)) as out:
+    # Column statistics (min/max per row group) only where a reader would select row groups by them.
+    stats = [c for c in STATISTICS_COLUMNS if c in schema.names]
+    with pq.ParquetWriter(tmp, schema, use_dictionary=dictionary_columns(schema), write_statistics=stats) as out:
         group: list[Any] = []
         rows = size = 0
         for batch in batches:
