@@ -8,7 +8,7 @@ from engine.core import BlockPool, KVCacheManager, Request, RequestStatus, Sampl
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engine.core.hashing import hash_block_tokens, hash_blocks, hash_request_tokens
+from engine.core.hashing import hash_block_tokens, hash_request_tokens
 
 
 def _manager(num_blocks=11, block_size=4, **kw):
@@ -152,21 +152,18 @@ def test_block_hashes_stay_what_earlier_traces_recorded():
     assert hash_request_tokens(list(range(100, 116)), 4, "t")[-1].hex() == "bb3e46bf7174565b6b46c3980c2d3126"
 
 
-@given(st.lists(st.integers(0, 2**62), max_size=90), st.sampled_from([1, 2, 4, 16]), st.integers(0, 20),
+@given(st.lists(st.integers(0, 2**62), max_size=90), st.sampled_from([1, 2, 4, 16]),
        st.sampled_from([None, "tenant"]))
-def test_bulk_block_hashes_equal_block_by_block(tokens, block_size, start, salt):
-    """A prompt's blocks are hashed in one pass (hash_blocks), a decode's one at a time; both chain
-    to the same hashes, so a request's hashes do not depend on how its tokens arrived."""
+def test_request_hashes_equal_block_by_block(tokens, block_size, salt):
+    """A request's prompt blocks are hashed when it is built, its decoded ones as they fill; both chain
+    to the hashes of hash_block_tokens applied block by block."""
     extra = b"" if salt is None else b"\x00salt:" + salt.encode()
     one_by_one, parent = [], None
     for i in range(len(tokens) // block_size):
         parent = hash_block_tokens(parent, tokens[i * block_size:(i + 1) * block_size], extra)
         one_by_one.append(parent)
-    start = min(start, len(one_by_one))
     assert hash_request_tokens(tokens, block_size, salt) == one_by_one
-    assert hash_blocks(one_by_one[start - 1] if start else None, tokens, start, len(one_by_one), block_size,
-                       extra) == one_by_one[start:]
-    req = _req("r", tokens[:block_size * 2 + 1] or [5], block_size, salt)  # bulk for the prompt ...
+    req = _req("r", tokens[:block_size * 2 + 1] or [5], block_size, salt)  # the prompt ...
     for tok in tokens[block_size * 2 + 1:]:
         req.append_output_token_ids(tok)  # ... then one block at a time
     assert req.block_hashes == hash_request_tokens(req.all_token_ids, block_size, salt)

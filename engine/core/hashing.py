@@ -7,7 +7,6 @@ machines, which traces and the simulator rely on; Python's `hash` is salted per 
 from __future__ import annotations
 
 import struct
-from array import array
 from collections.abc import Sequence
 
 import xxhash
@@ -31,23 +30,6 @@ def hash_block_tokens(parent: BlockHash | None, token_ids: Sequence[int], extra_
     return xxhash.xxh3_128_digest((parent or NONE_HASH) + packer.pack(*token_ids) + extra_keys, _SEED)
 
 
-def hash_blocks(parent: BlockHash | None, token_ids: Sequence[int], start: int, stop: int, block_size: int,
-                extra_keys: bytes = b"") -> list[BlockHash]:
-    """Hashes of full blocks `start`..`stop - 1` of `token_ids`, chained from `parent`, as
-    `hash_block_tokens` gives them one by one. The tokens are packed once (array("q"): the same native
-    int64 bytes as the per-block Struct), which takes a prompt's blocks from 1.0 to 0.6 us each; every
-    prompt is hashed when it is added."""
-    buf = array("q", token_ids[start * block_size:stop * block_size]).tobytes()
-    width = 8 * block_size
-    digest = xxhash.xxh3_128_digest
-    parent = parent or NONE_HASH
-    hashes: list[BlockHash] = []
-    for i in range(0, len(buf), width):
-        parent = digest(parent + buf[i:i + width] + extra_keys, _SEED)
-        hashes.append(parent)
-    return hashes
-
-
 def extra_keys_for(cache_salt: str | None) -> bytes:
     """Extra keys mixed into every block hash of a request; a salt separates otherwise equal prefixes."""
     return b"" if not cache_salt else b"\x00salt:" + cache_salt.encode()
@@ -56,4 +38,9 @@ def extra_keys_for(cache_salt: str | None) -> bytes:
 def hash_request_tokens(token_ids: Sequence[int], block_size: int, cache_salt: str | None = None,
                         start: int = 0, parent: BlockHash | None = None) -> list[BlockHash]:
     """Hashes of the full blocks of `token_ids` from block index `start` on, chained from `parent`."""
-    return hash_blocks(parent, token_ids, start, len(token_ids) // block_size, block_size, extra_keys_for(cache_salt))
+    extra = extra_keys_for(cache_salt)
+    hashes: list[BlockHash] = []
+    for i in range(start, len(token_ids) // block_size):
+        parent = hash_block_tokens(parent, token_ids[i * block_size:(i + 1) * block_size], extra)
+        hashes.append(parent)
+    return hashes

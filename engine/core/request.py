@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import enum
 
-from engine.core.hashing import BlockHash, extra_keys_for, hash_block_tokens, hash_blocks
+from engine.core.hashing import BlockHash, extra_keys_for, hash_block_tokens
 from engine.core.sampling_params import SamplingParams
 
 
@@ -122,11 +122,9 @@ class Request:
             return
         bs, tokens, hashes = self.block_size, self.all_token_ids, self.block_hashes
         parent = hashes[-1] if hashes else None
-        done, full = len(hashes), len(tokens) // bs
-        if full == done + 1:  # a decode filled one block
-            hashes.append(hash_block_tokens(parent, tokens[done * bs:full * bs], self._extra_keys))
-        elif full > done:  # a prompt: its blocks packed at once
-            hashes.extend(hash_blocks(parent, tokens, done, full, bs, self._extra_keys))
+        for i in range(len(hashes), len(tokens) // bs):
+            parent = hash_block_tokens(parent, tokens[i * bs:(i + 1) * bs], self._extra_keys)
+            hashes.append(parent)
 
     def __lt__(self, other: Request) -> bool:
         """Priority order: lower `priority` first, then earlier arrival, then id (a stable tie-break)."""
