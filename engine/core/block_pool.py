@@ -139,11 +139,11 @@ class BlockPool:
         """Register blocks[num_cached:num_full] under their hashes; returns the blocks that became cached."""
         table = self.cached_block_hash_to_block
         newly = []
-        # zip over the slices rather than indexing both lists: a prompt publishes all its blocks at once.
-        for block, h in zip(blocks[num_cached_blocks:num_full_blocks], block_hashes[num_cached_blocks:num_full_blocks]):
+        for i in range(num_cached_blocks, num_full_blocks):
+            block = blocks[i]
             if block.block_hash is not None or block.is_null:
                 continue
-            block.block_hash = h
+            h = block.block_hash = block_hashes[i]
             same = table.get(h)
             if same is None:
                 table[h] = block
