@@ -45,6 +45,8 @@ class CycleRecorder:
     def __init__(self, recorder: TraceRecorder, cost: CostModel | None = None) -> None:
         self.recorder = recorder
         self.cost = cost
+        # A cost model that splits its step (model time, host time) has `last_phases` from the start.
+        self._split = hasattr(cost, "last_phases")
 
     def on_add(self, request: Request) -> None:
         self.recorder.on_add(request)
@@ -54,11 +56,10 @@ class CycleRecorder:
 
     def on_step(self, so: SchedulerOutput, outputs: EngineCoreOutputs, times: StepTimes) -> list[Request]:
         t_sched, t_exec, t_sample, t_update, t_end = times
-        # A cost model that splits its step (model time, host time) says so; the clock only sees the sum.
-        phases = getattr(self.cost, "last_phases", None)
-        if phases is None:
-            phases = (t_exec - t_sched, t_sample - t_exec, t_update - t_sample)
-        return self.recorder.on_step(so, outputs, t_sched, t_end, *phases)
+        if self._split:  # the clock only sees the sum of the cost model's phases
+            return self.recorder.on_step(so, outputs, t_sched, t_end, *self.cost.last_phases)
+        return self.recorder.on_step(so, outputs, t_sched, t_end, t_exec - t_sched, t_sample - t_exec,
+                                     t_update - t_sample)
 
 
 @contextmanager
@@ -175,7 +176,8 @@ class Simulator:
             while nxt is not None and nxt.add_time <= start:
                 if nxt.add_time > self.now:
                     self.now = nxt.add_time
-                add(nxt)
+                if add(nxt).is_finished():  # rejected: done, though never in finished_req_ids
+                    bar.update(1)
                 nxt = next(stream, None)
             self.now = start
             if not (sched.running or cycle.has_work()):  # anything running is work: skip the queue checks
@@ -187,7 +189,11 @@ class Simulator:
             self.now = start + step_time(batch_from_output(so), step)
             so, outputs = cycle.finish()
             step += 1
-            if not self._finished(outputs, bar) and not (so.total_num_scheduled_tokens or sched.running or outputs.outputs or so.preempted_req_ids):
+            # Synchronously, the scheduler's finished ids are exactly this step's finishes (the next
+            # schedule() hands them on): no walk over every output to find the few that ended.
+            if sched.finished_req_ids:
+                self._forget(sched.finished_req_ids, bar)
+            if not (so.total_num_scheduled_tokens or sched.running or outputs.outputs or so.preempted_req_ids):
                 self._stalled(nxt, step_start is not None and step_start(step) is not None)
 
     def _loop_async(self, stream: Iterator[SimRequest], external: dict[int, list[tuple[str, str]]],
@@ -241,6 +247,11 @@ class Simulator:
         if done:
             bar.update(done)
         return done
+
+    def _forget(self, request_ids: set[str], bar: Any) -> None:
+        for rid in request_ids:
+            self.runner.forget(rid)
+        bar.update(len(request_ids))
 
     def _stalled(self, nxt: SimRequest | None, recorded_ahead: bool) -> None:
         """Nothing ran and nothing can until the next arrival: jump to it, or give up if there is none."""

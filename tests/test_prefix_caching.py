@@ -5,7 +5,10 @@ import sys
 from core_helpers import make_requests, make_scheduler, step
 
 from engine.core import BlockPool, KVCacheManager, Request, RequestStatus, SamplingParams
-from engine.core.hashing import hash_request_tokens
+from hypothesis import given
+from hypothesis import strategies as st
+
+from engine.core.hashing import hash_block_tokens, hash_request_tokens
 
 
 def _manager(num_blocks=11, block_size=4, **kw):
@@ -141,6 +144,29 @@ def test_block_hashes_are_chained_and_equal_across_processes():
     # Same block content after a different prefix hashes differently.
     other = hash_request_tokens([1, 2, 3, 4] + tokens[4:8], 4)
     assert other[1] != hash_request_tokens(tokens, 4)[1]
+
+
+def test_block_hashes_stay_what_earlier_traces_recorded():
+    # Traces keep these hashes (block_events, snapshots): the bytes hashed must never change.
+    assert hash_request_tokens(list(range(100, 116)), 4)[-1].hex() == "ade68886f81c444de7393469054b09b0"
+    assert hash_request_tokens(list(range(100, 116)), 4, "t")[-1].hex() == "bb3e46bf7174565b6b46c3980c2d3126"
+
+
+@given(st.lists(st.integers(0, 2**62), max_size=90), st.sampled_from([1, 2, 4, 16]),
+       st.sampled_from([None, "tenant"]))
+def test_request_hashes_equal_block_by_block(tokens, block_size, salt):
+    """A request's prompt blocks are hashed when it is built, its decoded ones as they fill; both chain
+    to the hashes of hash_block_tokens applied block by block."""
+    extra = b"" if salt is None else b"\x00salt:" + salt.encode()
+    one_by_one, parent = [], None
+    for i in range(len(tokens) // block_size):
+        parent = hash_block_tokens(parent, tokens[i * block_size:(i + 1) * block_size], extra)
+        one_by_one.append(parent)
+    assert hash_request_tokens(tokens, block_size, salt) == one_by_one
+    req = _req("r", tokens[:block_size * 2 + 1] or [5], block_size, salt)  # the prompt ...
+    for tok in tokens[block_size * 2 + 1:]:
+        req.append_output_token_ids(tok)  # ... then one block at a time
+    assert req.block_hashes == hash_request_tokens(req.all_token_ids, block_size, salt)
 
 
 def test_prefix_cache_stats_count_each_request_once():

@@ -174,3 +174,17 @@ def test_cluster_stamps_each_replica_on_its_own_rows(tmp_path):
         assert table["replica"].notna().all()
         assert (table["replica"].to_numpy() == step_replica.loc[table["step"]].to_numpy()).all()
     assert t.steps["admission_blocked"].notna().any()
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_runner_forgets_every_request_that_ended(tmp_path, async_scheduling):
+    """The sync loop forgets finished requests from the scheduler's finished ids, not by walking every
+    output: at the end nothing is left registered, rejected requests included."""
+    sched = SchedulerConfig(max_model_len=600, max_num_seqs=8, max_num_batched_tokens=256,
+                            async_scheduling=async_scheduling)
+    sim = Simulator(sched, CacheConfig(block_size=16, num_gpu_blocks=120), FixedCost(), tmp_path / "trace")
+    result = sim.run(open_source(str(DEFAULT_WORKLOAD), limit=40, time_scale=0.2).requests)
+    trace = traces.load(tmp_path / "trace")
+    assert result.num_requests == 40 and trace.requests["finish_reason"].notna().all()
+    assert (trace.requests["finish_reason"] == "error").any()  # prompts past max_model_len are rejected
+    assert sim.runner._base == {} and sim.runner._recorded == {}

@@ -11,6 +11,7 @@ from engine.core.outputs import EngineCoreOutputs
 from engine.core.request import Request
 from engine.core.sched_output import SchedulerOutput
 from engine.core.scheduler import Scheduler
+from traces.runs import RunSpec
 from traces.schema import BLOCK_EVENT_COLUMNS, DECISION_COLUMNS, OPTIONAL_COLUMNS, STEP_COLUMNS, TABLES
 from traces.writer import TraceWriter
 
@@ -20,6 +21,11 @@ TRACE_LEVELS = ("full", "steps", "none")
 _NO_BLOCKS: tuple[int, ...] = ()
 _NO_STOP = (None, None, None, None)
 _STEP_ROW = STEP_COLUMNS + OPTIONAL_COLUMNS["steps"]  # a steps row tuple's fields
+# The common step, every running request decoding one token, as one run of decision rows per step:
+# (position, count, step, request ids, computed counts, new block ids).
+DECODE_RUN = RunSpec(per_run=("step",), per_row=("request_id", "num_computed_tokens", "blocks_gained"),
+                     constants={"event": "schedule", "num_tokens": 1, "phase": "decode", "prefix_hit_tokens": 0,
+                                "blocks_freed": _NO_BLOCKS})
 
 
 def _t(value: float | None, t0: float) -> float | None:
@@ -44,6 +50,9 @@ class TraceRecorder:
         self.writer = writer
         self.scheduler = scheduler
         self.kv = scheduler.kv_cache_manager
+        # Read for every steps row: the pool's size is fixed (engine.core's pool or a view of vLLM's).
+        self._num_usable_blocks = self.kv.block_pool.num_usable_blocks
+        self._num_free_blocks = self.kv.block_pool.get_num_free_blocks
         self.t0 = t0
         self.snapshot_every = snapshot_every
         self.step = 0
@@ -60,7 +69,10 @@ class TraceRecorder:
         self._event_cols = [self._tables["block_events"][c] for c in BLOCK_EVENT_COLUMNS]
         self._pending_decisions: list[tuple] = []
         self._pending_requests: list[dict[str, Any]] = []
-        # Rows of the common all-decode step that do not depend on the step, by row count.
+        # The common all-decode step: one run per step where the writer takes runs (a batched writer's
+        # Arrow stream), else its rows appended from these lists that do not depend on the step.
+        run_buffer = getattr(writer, "run_buffer", None) if self._direct else None
+        self._decode_runs = run_buffer("decisions", DECODE_RUN) if run_buffer is not None else None
         self._decode_consts: dict[int, tuple[list, ...]] = {}
         self.set_trace_level(trace_level)
 
@@ -129,14 +141,14 @@ class TraceRecorder:
             if step % self.snapshot_every == 0:
                 writer.write_rows("block_snapshots", self.block_snapshot(step))
         if self._steps:
-            sched, pool, t0 = self.scheduler, self.kv.block_pool, self.t0
-            num_usable = pool.num_usable_blocks
+            sched, t0 = self.scheduler, self.t0
+            num_usable = self._num_usable_blocks
             stop = so.admission_stop  # OPTIONAL_COLUMNS["steps"]: why the waiting queue stopped being admitted
             rid, reason, needed, available = _NO_STOP if stop is None else stop
             self._step_rows.append((
                 step, start - t0, end - t0, so.num_prefill_tokens, so.num_decode_tokens,
                 so.total_num_scheduled_tokens, len(sched.running), len(sched.waiting), len(so.preempted_req_ids),
-                num_usable - pool.get_num_free_blocks(), num_usable, so.prefix_hit_tokens,
+                num_usable - self._num_free_blocks(), num_usable, so.prefix_hit_tokens,
                 len(so.scheduled_new_reqs), num_finished, schedule_time, execute_time, sample_time,
                 reason, rid, needed, available))
         if not self._direct:
@@ -158,44 +170,53 @@ class TraceRecorder:
             for col, value in zip(DECISION_COLUMNS, (step, new.req_id, "schedule", num_tokens[new.req_id], "prefill",
                                                      computed, computed, new.block_ids, _NO_BLOCKS, None)):
                 d[col].append(value)
-        cached = so.scheduled_cached_reqs
-        rids = cached.req_ids
-        n = len(rids)
-        if n:
-            decodes = so.decode_req_ids
-            computed = cached.num_computed_tokens
-            resumed = cached.resumed_from_preemption
-            d["step"].extend([step] * n)
-            d["request_id"].extend(rids)
-            if len(decodes) == n and so.num_decode_tokens == n:
-                # The common step: every running request decodes exactly one token (none was resumed).
-                consts = self._decode_consts.get(n)
-                if consts is None:
-                    consts = self._decode_consts[n] = (["schedule"] * n, [1] * n, ["decode"] * n, [0] * n,
-                                                       [_NO_BLOCKS] * n, [None] * n)
-                schedule, ones, phase, zeros, no_blocks, nones = consts
-                d["event"].extend(schedule)
-                d["num_tokens"].extend(ones)
-                d["phase"].extend(phase)
-                d["num_computed_tokens"].extend(computed)
-                d["prefix_hit_tokens"].extend(zeros)
-                d["blocks_gained"].extend(cached.new_block_ids)
-                d["blocks_freed"].extend(no_blocks)
-                d["finish_reason"].extend(nones)
-            else:
-                d["event"].extend(["schedule"] * n)
-                d["num_tokens"].extend([num_tokens[r] for r in rids])
-                d["phase"].extend(["decode" if r in decodes else "prefill" for r in rids])
-                d["num_computed_tokens"].extend(computed)
-                d["prefix_hit_tokens"].extend([c if r else 0 for c, r in zip(computed, resumed)])
-                d["blocks_gained"].extend(cached.new_block_ids)
-                d["blocks_freed"].extend([_NO_BLOCKS] * n)
-                d["finish_reason"].extend([None] * n)
+        if so.scheduled_cached_reqs.req_ids:
+            self._cached_decisions(so, step)
         for rid in so.preempted_req_ids:
             self._decision(step, rid, "preempt", so.preempted_block_ids[rid], None)
             if so.preempted_for and rid in so.preempted_for:  # whom the preemption served
                 forced_by, needed, free = so.preempted_for[rid]
                 _set_on_last_row(d, {"preempted_for": forced_by, "blocks_needed": needed, "blocks_free": free})
+
+    def _cached_decisions(self, so: SchedulerOutput, step: int) -> None:
+        """The schedule rows of running and resumed requests, in the output's order."""
+        d = self._decisions
+        cached = so.scheduled_cached_reqs
+        rids, computed = cached.req_ids, cached.num_computed_tokens
+        n = len(rids)
+        decodes = so.decode_req_ids
+        if len(decodes) == n and so.num_decode_tokens == n:
+            # The common step: every running request decodes exactly one token (none was resumed).
+            if self._decode_runs is not None:
+                self._decode_runs.append((len(d["step"]), n, step, rids, computed, cached.new_block_ids))
+                return
+            consts = self._decode_consts.get(n)
+            if consts is None:
+                consts = self._decode_consts[n] = (["schedule"] * n, [1] * n, ["decode"] * n, [0] * n,
+                                                   [_NO_BLOCKS] * n, [None] * n)
+            schedule, ones, phase, zeros, no_blocks, nones = consts
+            d["step"].extend([step] * n)
+            d["request_id"].extend(rids)
+            d["event"].extend(schedule)
+            d["num_tokens"].extend(ones)
+            d["phase"].extend(phase)
+            d["num_computed_tokens"].extend(computed)
+            d["prefix_hit_tokens"].extend(zeros)
+            d["blocks_gained"].extend(cached.new_block_ids)
+            d["blocks_freed"].extend(no_blocks)
+            d["finish_reason"].extend(nones)
+            return
+        num_tokens = so.num_scheduled_tokens
+        d["step"].extend([step] * n)
+        d["request_id"].extend(rids)
+        d["event"].extend(["schedule"] * n)
+        d["num_tokens"].extend([num_tokens[r] for r in rids])
+        d["phase"].extend(["decode" if r in decodes else "prefill" for r in rids])
+        d["num_computed_tokens"].extend(computed)
+        d["prefix_hit_tokens"].extend([c if r else 0 for c, r in zip(computed, cached.resumed_from_preemption)])
+        d["blocks_gained"].extend(cached.new_block_ids)
+        d["blocks_freed"].extend([_NO_BLOCKS] * n)
+        d["finish_reason"].extend([None] * n)
 
     def _decision(self, step: int, rid: str, event: str, freed: list[int] | None, reason: str | None) -> None:
         """A row that schedules nothing: preempt, finish, abort or reject."""

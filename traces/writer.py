@@ -16,6 +16,7 @@ from typing import Any, BinaryIO
 import orjson
 
 from traces.arrowstream import arrow_stream_file, arrow_stream_to_parquet, to_batch
+from traces.runs import RunSpec, merge_runs, runs_batch
 from traces.schema import FORMAT_VERSION, META_FILE, OPTIONAL_COLUMNS, TABLES, TEMP_SUFFIX, arrow_schema, parquet_file, stream_file
 
 _OPTIONS = orjson.OPT_SERIALIZE_NUMPY  # numpy scalars from cost models and tables are plain numbers here
@@ -63,6 +64,7 @@ class TraceWriter:
         self.columns = {t: (*cols, *OPTIONAL_COLUMNS.get(t, ()), *extra_int_columns) for t, cols in TABLES.items()}
         self._buf: dict[str, dict[str, list[Any]]] = {t: {c: [] for c in cols} for t, cols in self.columns.items()}
         self._rows: dict[str, list[tuple]] = {}
+        self._runs: dict[str, tuple[RunSpec, list[tuple]]] = {}
         self._files: dict[str, BinaryIO] = {}
         self._streams: dict[str, Any] = {}
         if self.stream_format == "jsonl":
@@ -102,6 +104,15 @@ class TraceWriter:
         table, a row per simulated step). Rows here come after the ones appended to `buffer(table)`."""
         return self._rows.setdefault(table, [])
 
+    def run_buffer(self, table: str, spec: RunSpec) -> list[tuple] | None:
+        """The table's pending row runs (`traces.runs`), for a caller to append to; None where the
+        stream is JSON lines (one step per flush: nothing to gain). Runs go out with the buffered rows,
+        each at its position among them."""
+        if self.stream_format != "arrow":
+            return None
+        self._runs[table] = (spec, [])
+        return self._runs[table][1]
+
     def flush(self) -> None:
         """Called once per step: every `flush_every` steps the rows go to the OS, after which a SIGKILL
         loses nothing of them."""
@@ -120,7 +131,8 @@ class TraceWriter:
                     column.extend(values)
                 rows.clear()
             n = max(map(len, cols.values()))
-            if not n:
+            spec, runs = self._runs.get(table, (None, None))
+            if not (n or runs):
                 continue
             for values in cols.values():
                 if len(values) < n:
@@ -132,7 +144,12 @@ class TraceWriter:
                 f.flush()
             else:
                 sink, stream, schema = self._streams[table]
-                stream.write_batch(to_batch(cols, schema))
+                batch = to_batch(cols, schema) if n else None
+                if runs:
+                    batch = merge_runs(batch, runs_batch(spec, runs, schema), [r[0] for r in runs],
+                                       [r[1] for r in runs])
+                    runs.clear()
+                stream.write_batch(batch)
                 sink.flush()
             for values in cols.values():
                 values.clear()

@@ -33,6 +33,7 @@ class PrefixCacheStats:
         return self.hits / self.queries if self.queries else 0.0
 
 
+NO_PREFIX_CACHE_STATS = PrefixCacheStats()  # a step that admitted nobody: read, never written
 _NO_BLOCKS: list[KVCacheBlock] = []  # shared by callers that only read it: nothing newly allocated
 _WAITING_STATUSES = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
 
@@ -233,6 +234,10 @@ class KVCacheManager:
         return self.block_pool.reset_prefix_cache()
 
     def make_prefix_cache_stats(self) -> PrefixCacheStats:
-        """Hand out the stats gathered since the last call and start afresh."""
-        stats, self.prefix_cache_stats = self.prefix_cache_stats, PrefixCacheStats()
+        """Hand out the stats gathered since the last call and start afresh. This runs every step and
+        most steps admit nobody: then the one shared empty record is handed out (callers only read it)."""
+        stats = self.prefix_cache_stats
+        if not (stats.requests or stats.preempted_requests):
+            return NO_PREFIX_CACHE_STATS
+        self.prefix_cache_stats = PrefixCacheStats()
         return stats

@@ -1,4 +1,9 @@
-"""Waiting queues: FCFS (a deque; preempted requests go back to the front) and priority (a heap)."""
+"""Waiting queues: FCFS (a deque; preempted requests go back to the front) and priority (a heap).
+
+Both are the container itself (a deque, a list) rather than a wrapper around one: the scheduler asks
+`len(waiting)` and `bool(waiting)` several times a step, and the built-in's own length costs a tenth of
+a Python `__len__` call.
+"""
 from __future__ import annotations
 
 import heapq
@@ -8,45 +13,36 @@ from collections.abc import Iterator
 from engine.core.request import Request
 
 
-class FCFSRequestQueue:
-    def __init__(self) -> None:
-        self._q: deque[Request] = deque()
-
+class FCFSRequestQueue(deque):
     def add_request(self, request: Request) -> None:
-        self._q.append(request)
+        self.append(request)
 
     def prepend_request(self, request: Request) -> None:
         """A preempted request resumes before anything that arrived after it."""
-        self._q.appendleft(request)
+        self.appendleft(request)
 
     def prepend_requests(self, requests: list[Request]) -> None:
         """Put skipped requests back at the front, in their order."""
-        self._q.extendleft(reversed(requests))
+        self.extendleft(reversed(requests))
 
     def peek_request(self) -> Request:
-        return self._q[0]
+        return self[0]
 
     def pop_request(self) -> Request:
-        return self._q.popleft()
+        return self.popleft()
 
     def remove_requests(self, requests: set[Request]) -> None:
-        self._q = deque(r for r in self._q if r not in requests)
-
-    def __len__(self) -> int:
-        return len(self._q)
-
-    def __iter__(self) -> Iterator[Request]:
-        return iter(self._q)
+        kept = [r for r in self if r not in requests]
+        self.clear()
+        self.extend(kept)
 
 
-class PriorityRequestQueue:
-    """Ordered by (priority, arrival_time, request_id); a preempted request simply re-enters the heap."""
-
-    def __init__(self) -> None:
-        self._heap: list[Request] = []
+class PriorityRequestQueue(list):
+    """Ordered by (priority, arrival_time, request_id); a preempted request simply re-enters the heap.
+    The list is the heap; iterating yields requests in priority order."""
 
     def add_request(self, request: Request) -> None:
-        heapq.heappush(self._heap, request)
+        heapq.heappush(self, request)
 
     prepend_request = add_request
 
@@ -55,20 +51,17 @@ class PriorityRequestQueue:
             self.add_request(request)
 
     def peek_request(self) -> Request:
-        return self._heap[0]
+        return self[0]
 
     def pop_request(self) -> Request:
-        return heapq.heappop(self._heap)
+        return heapq.heappop(self)
 
     def remove_requests(self, requests: set[Request]) -> None:
-        self._heap = [r for r in self._heap if r not in requests]
-        heapq.heapify(self._heap)
-
-    def __len__(self) -> int:
-        return len(self._heap)
+        self[:] = [r for r in list.__iter__(self) if r not in requests]
+        heapq.heapify(self)
 
     def __iter__(self) -> Iterator[Request]:
-        return iter(sorted(self._heap))
+        return iter(sorted(list.__iter__(self)))
 
 
 def create_request_queue(policy: str) -> FCFSRequestQueue | PriorityRequestQueue:

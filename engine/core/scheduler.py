@@ -96,7 +96,9 @@ class Scheduler:
         """Running requests first, in order, then waiting ones; each scheduled request is advanced past its
         tokens at once (the output keeps the counts before), so the next step can follow at once."""
         now = self.clock()
-        out = SchedulerOutput([], CachedRequestData(), {}, 0, self._take_finished_req_ids())
+        # Requests finished since the last step are told to the workers once: this output carries them.
+        finished, self.finished_req_ids = self.finished_req_ids, set()
+        out = SchedulerOutput([], CachedRequestData([], [], [], [], []), {}, 0, finished)
         # vLLM 0.32: the long-prefill cap only applies when another request could use the budget.
         threshold = self.long_prefill_token_threshold if len(self.running) + len(self.waiting) > 1 else 0
         budget = self._schedule_running(out, self.max_num_scheduled_tokens, threshold)
@@ -106,7 +108,7 @@ class Scheduler:
         if out.preempted_req_ids:  # a step that preempts admits nobody
             if self.waiting:
                 out.admission_stop = (self.waiting.peek_request().request_id, "preempted", 0, 0)
-        else:
+        elif self.waiting:  # with nobody waiting there is nothing to admit and no reason to note
             budget = self._schedule_waiting(out, budget, threshold, now)
         out.total_num_scheduled_tokens = self.max_num_scheduled_tokens - budget
         out.num_decode_tokens = len(out.decode_req_ids)  # a decode is scheduled its one token left
@@ -262,11 +264,6 @@ class Scheduler:
         out.preempted_req_ids.append(vid)
         return n
 
-    def _take_finished_req_ids(self) -> set[str]:
-        """Requests finished since the last step, told to the workers once (the next output carries them)."""
-        finished, self.finished_req_ids = self.finished_req_ids, set()
-        return finished
-
     def _pick_victim(self) -> Request:
         if self.priority_policy:
             return max(self.running, key=lambda r: (r.priority, r.arrival_time))
@@ -345,9 +342,10 @@ class Scheduler:
             self.running = [r for r in self.running if r not in stopped_running]
         if stopped_waiting:
             self.waiting.remove_requests(stopped_waiting)
-        for req in self._rejected:
-            outputs.append(EngineCoreOutput(req.request_id, [], finish_reason="error", stop_reason=req.error))
-        self._rejected.clear()
+        if self._rejected:
+            for req in self._rejected:
+                outputs.append(EngineCoreOutput(req.request_id, [], finish_reason="error", stop_reason=req.error))
+            self._rejected.clear()
         return EngineCoreOutputs(outputs, self.make_stats())
 
     def _settle_placeholders(self, req: Request, num_new: int, stale: bool, status_before: RequestStatus) -> None:
@@ -398,6 +396,9 @@ class Scheduler:
         return self.kv_cache_manager.reset_prefix_cache()
 
     def make_stats(self) -> SchedulerStats:
+        """Built every step: the KV usage is `kv.usage` read without its two property calls."""
         kv = self.kv_cache_manager
-        return SchedulerStats(len(self.running), len(self.waiting), kv.usage, self._num_preempted_last_step,
+        pool = kv.block_pool
+        usage = 1.0 - pool.free_block_queue.num_free_blocks / (pool.num_blocks - 1)
+        return SchedulerStats(len(self.running), len(self.waiting), usage, self._num_preempted_last_step,
                               kv.make_prefix_cache_stats())

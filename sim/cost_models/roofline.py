@@ -233,14 +233,14 @@ class RooflineCostModel:
         """`breakdown(batch)["time_s"]`, with the per-model constants of `flops` and `bytes_moved` taken
         once (this runs once per simulated step); the same operations in the same order, so the same bits."""
         hw, shape = self.hardware, self.shape
-        num_tokens = batch.num_tokens
+        num_tokens = batch.num_prefill_tokens + batch.num_decode_tokens  # batch.num_tokens, no property call
         if num_tokens == 0:
             return hw.step_overhead
         c = self._constants
         if c[0] is not shape or c[1] is not hw:
             c = self._constants = self._derive_constants()
         _, _, per_token, per_seq, per_pair, eff_flops, weights, kv_per_token, eff_bw = c
-        num_seqs = batch.num_seqs
+        num_seqs = batch.num_prefill_seqs + batch.num_decode_seqs
         compute = (per_token * num_tokens + per_seq * num_seqs
                    + per_pair * (batch.prefill_attention + batch.context_tokens)) / eff_flops
         moved = (weights if weights is not None else shape.weight_read_bytes(num_tokens))
