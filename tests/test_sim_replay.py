@@ -5,6 +5,7 @@ import json
 import pandas as pd
 import pytest
 from core_helpers import EOS, make_scheduler
+from trace_compare import STEP_COLUMNS, as_lists
 
 import traces
 from engine.core import ModelRunnerOutput, Request, RequestStatus, SamplingParams
@@ -25,20 +26,6 @@ ENGINE_WORKLOAD = {
     "output_tokens": {"dist": "uniform", "min": 6, "max": 20},
     "prefix": {"groups": 2, "tokens": 24, "fraction": 0.7},
 }
-STEP_COLUMNS = ["step", "num_prefill_tokens", "num_decode_tokens", "num_scheduled_tokens", "num_running",
-                "num_waiting", "num_preempted", "kv_blocks_used", "kv_blocks_total", "prefix_hit_tokens",
-                "num_new_reqs", "num_finished"]
-
-
-def _lists(df: pd.DataFrame) -> pd.DataFrame:
-    """List cells (numpy arrays after Parquet) as plain lists, so DataFrame.equals compares them."""
-    out = df.copy()
-    for c in out.columns:
-        if out[c].dtype == object:
-            out[c] = [list(v) if hasattr(v, "__len__") and not isinstance(v, str) else v for v in out[c]]
-    return out.reset_index(drop=True)
-
-
 @pytest.fixture(scope="module")
 def engine_trace(tmp_path_factory):
     """A CPU engine run of the built-in model with staggered arrivals, a KV cache small enough to
@@ -78,14 +65,14 @@ def test_engine_fixture_has_preemptions_chunked_prefills_prefix_hits_and_stagger
 def test_recorded_replay_makes_identical_decisions_at_every_step(replayed):
     eng, sim = replayed
     assert len(sim.steps) == len(eng.steps)
-    assert _lists(sim.decisions).equals(_lists(eng.decisions))
+    assert as_lists(sim.decisions).equals(as_lists(eng.decisions))
     assert sim.steps[STEP_COLUMNS].reset_index(drop=True).equals(eng.steps[STEP_COLUMNS].reset_index(drop=True))
 
 
 def test_recorded_replay_rebuilds_the_same_block_pool_events(replayed):
     eng, sim = replayed
     cols = ["step", "seq", "kind", "request_id", "block_ids", "hashes"]
-    assert _lists(sim.block_events[cols]).equals(_lists(eng.block_events[cols]))
+    assert as_lists(sim.block_events[cols]).equals(as_lists(eng.block_events[cols]))
 
 
 def test_recorded_replay_follows_the_engine_clock(replayed):
@@ -148,7 +135,7 @@ def test_recorded_replay_reproduces_eos_stops_aborts_and_rejections(tmp_path):
     assert main(["replay", str(tmp_path / "src"), "--trace", str(tmp_path / "sim"), "--no-progress"]) == 0
     src, sim = traces.load(tmp_path / "src"), traces.load(tmp_path / "sim")
     assert {"stop", "abort", "error"} <= set(src.requests["finish_reason"])
-    assert _lists(sim.decisions).equals(_lists(src.decisions))
+    assert as_lists(sim.decisions).equals(as_lists(src.decisions))
     reasons = lambda t: t.requests.set_index("request_id")["finish_reason"].sort_index().tolist()  # noqa: E731
     assert reasons(sim) == reasons(src)
 
@@ -181,13 +168,13 @@ def test_same_seed_and_inputs_give_identical_trace_tables(tmp_path):
     _, _, b = _simulate(tmp_path, "b")
     assert (a.steps["num_preempted"] > 0).any()
     for table in ("steps", "requests", "decisions", "block_events", "block_snapshots"):
-        assert _lists(getattr(a, table)).equals(_lists(getattr(b, table))), table
+        assert as_lists(getattr(a, table)).equals(as_lists(getattr(b, table))), table
 
 
 def test_fabricated_tokens_depend_on_the_seed_but_decisions_do_not(tmp_path):
     _, _, a = _simulate(tmp_path, "a", seed=1, limit=10)
     _, _, b = _simulate(tmp_path, "b", seed=2, limit=10)
-    assert _lists(a.decisions).equals(_lists(b.decisions))
+    assert as_lists(a.decisions).equals(as_lists(b.decisions))
     outs = lambda t: t.requests.sort_values("request_id")["output_token_ids"].map(list).tolist()  # noqa: E731
     assert outs(a) != outs(b)
 
