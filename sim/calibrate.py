@@ -52,7 +52,7 @@ def _step_table(trace: Trace) -> pd.DataFrame:
     # The gap counts only while the engine had work left: after an idle step it is waiting for arrivals.
     busy = ((s["num_running"] + s["num_waiting"]) > 0) & s["start"].shift(-1).notna()
     gap = (s["start"].shift(-1) - s["end"]).where(busy, 0.0).clip(lower=0).fillna(0.0)
-    parts = pd.DataFrame({"dur": dur, "device": execute if split else dur,
+    parts = pd.DataFrame({"start": s["start"], "dur": dur, "device": execute if split else dur,
                           "host": (dur - execute).clip(lower=0) if split else dur * 0, "gap": gap, "busy": busy})
     return agg.join(parts, how="inner")
 
@@ -70,18 +70,21 @@ def batches_from_trace(trace: Trace) -> list[tuple[StepBatch, float]]:
 
 @dataclass(slots=True)
 class StepSamples:
-    """One trace's steps: batches and the measured seconds of each part (gap 0 where not measured)."""
+    """One trace's steps: batches, starts (s, the trace's clock) and the measured seconds of each part
+    (gap 0 where not measured)."""
 
     path: str
     batches: list[StepBatch]
     y: dict[str, np.ndarray]
+    starts: np.ndarray
 
     @classmethod
     def of(cls, trace: Trace) -> StepSamples:
         table = _step_table(trace)
         if not len(table):
             raise ValueError(f"{trace.path}: no steps that scheduled tokens, nothing to calibrate on")
-        return cls(str(trace.path), _batches(table), {p: table[p].to_numpy(dtype=float) for p in PARTS})
+        return cls(str(trace.path), _batches(table), {p: table[p].to_numpy(dtype=float) for p in PARTS},
+                   table["start"].to_numpy(dtype=float))
 
 
 def _fit(samples: list[StepSamples]) -> dict[str, dict[str, Any]]:
@@ -152,7 +155,8 @@ def calibrate(traces: list[Trace]) -> tuple[dict[str, Any], list[str]]:
         "model": ident["model"], "device": ident["device"], "kv_cache": ident["kv_cache"],
         "coefficients": coefficients, "parts": laws,
         "fit": {**stats["device"], "parts": stats}, "leave_one_trace_out": loto,
-        "residuals": residual_table(table, [len(s.batches) for s in samples]),
+        "residuals": residual_table(table, [len(s.batches) for s in samples],
+                                    np.concatenate([s.starts for s in samples])),
         "fitted_range": batch_range(batches),
         "effective": _effective(coefficients, ident["model"]),
         "traces": [{"path": str(t.path), "source": t.source, "complete": t.complete, "num_steps": len(s.batches),
@@ -206,7 +210,9 @@ def report_lines(profile: dict[str, Any], output: str | None = None) -> list[str
         lines.append(f"law {part}: {terms}; total measured/law {law['mean_ratio']:.3f}")
     res = profile["residuals"]
     dev = np.asarray(res["ratios"], dtype=float)[:, 0]
-    lines.append(f"residuals: all {len(dev)} steps kept as a table sampled in blocks of {res['block_steps']} steps "
+    block = (f"{res['block_seconds']:.2f} s of the replay's clock" if res.get("block_seconds")
+             else f"{res['block_steps']} steps")
+    lines.append(f"residuals: all {len(dev)} steps kept as a table sampled in blocks of {block} "
                  f"(device measured/law p5 {np.percentile(dev, 5):.2f}, p50 {np.percentile(dev, 50):.2f}, "
                  f"p95 {np.percentile(dev, 95):.2f}, max {dev.max():.2f})")
     eff = profile.get("effective")

@@ -139,6 +139,44 @@ def test_sampled_interval_covers_held_out_runs_of_a_machine_with_slow_spells():
     assert np.mean([iv["p5"] <= t <= iv["p95"] for t in truths]) >= 0.8
 
 
+def test_time_blocks_weight_a_slow_spell_by_the_time_it_lasted_not_its_step_count():
+    """10 s at ratio 3 in 100 slow steps, then 10 s at ratio 1 in 2000 fast ones: half the machine's time
+    was slow, though 5 % of its steps were. Drawn by time, a replay's steps see the slow half half the time."""
+    starts = np.r_[np.arange(100) * 0.1, 10 + np.arange(2000) * 0.005]
+    dev = np.r_[np.full(100, 3.0), np.ones(2000)]
+    table = residual_table(np.column_stack([dev, np.ones(2100), np.ones(2100)]), [2100], starts)
+    assert 0 < table["block_seconds"] <= 10
+    by_step = np.mean([ResidualSampler(table, s).at(i)[0] for s in range(20) for i in range(200)])
+    by_time = np.mean([ResidualSampler(table, s).at_time(t)[0] for s in range(20) for t in np.arange(0, 40, 0.1)])
+    assert by_step < 1.3 and 1.7 < by_time < 2.3
+
+
+def test_time_blocks_follow_the_calibration_clock_and_repeat_with_the_seed():
+    starts = np.arange(400) * 0.1
+    table = residual_table(np.column_stack([np.arange(1, 401) / 100.0] * 3), [400], starts)
+    table["block_seconds"] = 2.0
+    a, b = ResidualSampler(table, 3), ResidualSampler(table, 3)
+    times = np.arange(0, 20, 0.1) + 0.01
+    draws = np.array([a.at_time(t)[0] for t in times])
+    assert (draws == np.array([b.at_time(t)[0] for t in times])).all()
+    within = np.diff(draws.reshape(10, 20), axis=1)  # 20 steps of 0.1 s in each 2 s block
+    assert np.allclose(within, 0.01)
+
+
+def test_calibrated_model_on_a_clock_draws_its_residuals_by_simulated_time():
+    """One block longer than the calibration run: the replay's clock is the calibration run's."""
+    starts = np.r_[0.0, 100.0 + np.arange(9)]
+    table = residual_table(np.column_stack([np.r_[5.0, np.ones(9)], np.ones(10), np.ones(10)]), [10], starts)
+    table["block_seconds"] = 200.0
+    prof = {"parts": {"device": {"coefficients": DEVICE, "mean_ratio": 1.0}}, "residuals": table}
+    b = StepBatch(num_decode_tokens=4, num_decode_seqs=4, context_tokens=400)
+    model, now = CalibratedCostModel(DEVICE, prof, seed=0), [0.0]
+    model.use_clock(lambda: now[0])
+    assert model.step_time(b, 7) == pytest.approx(5 * device_law(b))
+    now[0] = 103.0
+    assert model.step_time(b, 8) == pytest.approx(device_law(b))
+
+
 def test_sampled_step_times_scale_the_law_by_measured_ratios():
     prof = {"parts": {"device": {"coefficients": DEVICE, "mean_ratio": 1.5}},
             "residuals": residual_table(np.array([[2.0, 1.0, 1.0]] * 4), [4])}

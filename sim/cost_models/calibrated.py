@@ -12,6 +12,7 @@ around all three is replayed from the profile's residual table (sim.cost_models.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -93,7 +94,9 @@ def load_profile(path: str | Path) -> dict[str, Any]:
 class CalibratedCostModel:
     """The fitted laws; `load` reads a PROFILE.json written by `sim calibrate`. With a `seed`, each step
     is scaled by measured residual ratios drawn in blocks (one sampled replay); without, by the mean ratio
-    (the expected step). A profile without parts (format 1) is one law for the whole step."""
+    (the expected step). A profile without parts (format 1) is one law for the whole step. Given the
+    simulator's clock (`use_clock`), the blocks are spans of time rather than runs of steps
+    (sim.cost_models.residuals says why)."""
 
     name = "calibrated"
 
@@ -114,6 +117,11 @@ class CalibratedCostModel:
         self._outside: dict[str, int] = {}
         self._num_steps = 0
         self.last_phases = (0.0, 0.0, 0.0)
+        self._clock: Callable[[], float] | None = None
+
+    def use_clock(self, clock: Callable[[], float]) -> None:
+        """Read the simulated time of each step's start from `clock` (the simulator's)."""
+        self._clock = clock
 
     @classmethod
     def load(cls, path: str | Path, seed: int | None = None) -> CalibratedCostModel:
@@ -123,7 +131,10 @@ class CalibratedCostModel:
     def step_parts(self, batch: StepBatch, step: int) -> StepParts:
         """Device, host and gap seconds of this step (async scheduling may overlap host with device)."""
         self._check_range(batch)
-        mult = self._sampler.at(step) if self._sampler is not None else None
+        mult = None
+        if self._sampler is not None:
+            timed = self._clock is not None and self._sampler.timed
+            mult = self._sampler.at_time(self._clock()) if timed else self._sampler.at(step)
         out = []
         for i, part in enumerate(PARTS):
             law = self._laws.get(part)
