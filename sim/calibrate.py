@@ -3,7 +3,7 @@
 Each step's batch is rebuilt from the trace's decisions (the numbers the scheduler handed the model
 runner) and paired with what the step measurably cost, part by part (sim.cost_models.parts): `execute`
 (the model), the host phases around it (`end - start - execute`), and the gap before the next step
-while the engine had work. Every part gets a mean law in the batch shape and every step is kept: the
+while the engine had work. Every part gets a law in the batch shape and every step is kept: the
 scatter around the laws becomes the residual table the simulator samples from.
 """
 from __future__ import annotations
@@ -27,7 +27,7 @@ from sim.cost_models.calibrated import (PROFILE_FORMAT_VERSION, PROFILE_KIND, de
 from sim.cost_models.parts import PART_TERMS, PARTS, TERM_UNITS, batch_range, part_matrix
 from sim.cost_models.residuals import residual_table
 from sim.cost_models.roofline import DTYPE_BYTES, effective_from_coefficients, model_shape
-from sim.fit import fit_mean_law, part_stats, ratios
+from sim.fit import fit_law, part_stats, ratios
 from traces import Trace, load
 
 
@@ -88,12 +88,13 @@ class StepSamples:
 
 
 def _fit(samples: list[StepSamples]) -> dict[str, dict[str, Any]]:
-    """Per part: the mean law's coefficients and total measured / total predicted (all steps; ~1)."""
+    """Per part: the law's coefficients and total measured / total law (all steps): the law times that
+    ratio is the expected step."""
     batches = [b for s in samples for b in s.batches]
     out = {}
     for part in PARTS:
         x, y = part_matrix(part, batches), np.concatenate([s.y[part] for s in samples])
-        coef = fit_mean_law(x, y)
+        coef = fit_law(x, y)
         pred = x @ coef
         measured = (y > 0) & (pred > 0)
         out[part] = {"coefficients": {k: float(v) for k, v in zip(PART_TERMS[part], coef)},
