@@ -191,6 +191,19 @@ def test_calibrated_model_on_a_clock_draws_its_residuals_by_simulated_time():
     assert model.step_time(b, 8) == pytest.approx(device_law(b))
 
 
+def test_a_step_inside_a_calibration_freeze_waits_out_the_freeze_instead_of_multiplying_it():
+    """Calibration step 1 did 10 ms of law in 5 s (ratio 500); the others ran at ratio 2. A 300 ms step
+    starting 1 s into the freeze ends when the freeze does, then works at ratio 2."""
+    starts = np.r_[0.0, 10.0, 15.0 + 0.1 * np.arange(100)]
+    dev = np.r_[2.0, 500.0, np.full(100, 2.0)]
+    table = residual_table(np.column_stack([dev, np.ones(102), np.ones(102)]), [102], starts)
+    table["block_seconds"] = 100.0  # one block from the trace's start: replay time = calibration time
+    s = ResidualSampler(table, 0)
+    assert s.device_seconds(11.0, 0.3) == pytest.approx(4.0 + (0.3 - 4.0 / 500) * 2)
+    assert s.device_seconds(20.0, 0.3) == pytest.approx(0.6)
+    assert s.device_seconds(30.0, 1.0) == pytest.approx(2.0)  # past the last step: its speed
+
+
 def test_sampled_step_times_scale_the_law_by_measured_ratios():
     prof = {"parts": {"device": {"coefficients": DEVICE, "mean_ratio": 1.5}},
             "residuals": residual_table(np.array([[2.0, 1.0, 1.0]] * 4), [4])}

@@ -131,10 +131,10 @@ class CalibratedCostModel:
     def step_parts(self, batch: StepBatch, step: int) -> StepParts:
         """Device, host and gap seconds of this step (async scheduling may overlap host with device)."""
         self._check_range(batch)
-        mult = None
-        if self._sampler is not None:
-            timed = self._clock is not None and self._sampler.timed
-            mult = self._sampler.at_time(self._clock()) if timed else self._sampler.at(step)
+        sampler = self._sampler
+        timed = sampler is not None and sampler.timed and self._clock is not None
+        now = self._clock() if timed else 0.0
+        mult = None if sampler is None else sampler.at_time(now) if timed else sampler.at(step)
         out = []
         for i, part in enumerate(PARTS):
             law = self._laws.get(part)
@@ -143,7 +143,12 @@ class CalibratedCostModel:
                 continue
             coef, mean = law
             t = float(np.dot(coef, part_features(part, batch)))
-            out.append(t * (mean if mult is None else float(mult[i])))
+            if mult is None:
+                out.append(t * mean)
+            elif timed and part == "device":
+                out.append(sampler.device_seconds(now, t))
+            else:
+                out.append(t * float(mult[i]))
         return StepParts(*out)
 
     def step_time(self, batch: StepBatch, step: int) -> float:

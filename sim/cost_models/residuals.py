@@ -9,11 +9,15 @@ average them away and give intervals that are far too narrow.
 
 A slow spell lasts seconds of wall time, not a number of steps, so the table also keeps each step's start
 and a replay that knows its clock draws blocks of time: a simulated step at time t takes the ratios of
-the calibration step nearest to a random offset + t. Drawn by step index, a spell covers as many steps
+the calibration step under way at a random offset + t. Drawn by step index, a spell covers as many steps
 as it held in the calibration run: few, since its steps were slow, and no more when the replayed steps
 are longer. On the fidelity bench's shared 2-core machine (calibration runs of mostly 4 ms decode steps)
 the device ratios averaged 1.0 per step but 1.2-1.7 per second of the calibration run, and bursty
 held-out runs measured 1.4-1.6 times the law: a step-indexed replay of them came out too fast.
+Drawn by time, the model's part of a step is not one ratio times the law but the law's work done at the
+calibration run's speed (1 / ratio of the calibration step under way at each instant): a freeze is a
+freeze, whatever ran through it. One calibration step froze for 7.6 s (ratio 827 on a 9 ms law); scaled
+by its ratio a 300 ms prefill starting in it would take 248 s; worked through, the rest of the freeze.
 """
 from __future__ import annotations
 
@@ -41,13 +45,10 @@ def block_length(log_ratio: np.ndarray, max_block: int = MAX_BLOCK) -> int:
     return min(max_block, max(1, len(x) // 4))
 
 
-def nearest(starts: np.ndarray, t: np.ndarray) -> np.ndarray:
-    """Index of the step whose start is nearest to each time in `t` (`starts` sorted): inside an idle
-    stretch the machine's state is known only from the steps either side of it."""
-    j = np.clip(np.searchsorted(starts, t), 1, max(1, len(starts) - 1))
-    if len(starts) < 2:
-        return np.zeros(len(t), dtype=np.int64)
-    return np.where(t - starts[j - 1] < starts[j] - t, j - 1, j)
+def covering(starts: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """Index of the step under way at each time in `t` (the last start at or before it; `starts`
+    sorted): an idle stretch keeps the state its last step measured."""
+    return np.clip(np.searchsorted(starts, t, side="right") - 1, 0, len(starts) - 1)
 
 
 def block_seconds(log_ratio: np.ndarray, starts: list[np.ndarray]) -> float:
@@ -55,7 +56,7 @@ def block_seconds(log_ratio: np.ndarray, starts: list[np.ndarray]) -> float:
     series, lo = [], 0
     for st in starts:
         grid = np.arange(st[0], st[-1], GRID_S) if len(st) > 1 else st[:1]
-        series.append(log_ratio[lo:lo + len(st)][nearest(st, grid)])
+        series.append(log_ratio[lo:lo + len(st)][covering(st, grid)])
         lo += len(st)
     return GRID_S * block_length(np.concatenate(series), int(MAX_BLOCK_S / GRID_S))
 
@@ -98,17 +99,36 @@ class ResidualSampler:
             self.trace_p = spans / spans.sum()  # every second of calibration equally likely
         self.time_blocks: list[tuple[int, float]] = []
 
-    def at_time(self, t: float) -> np.ndarray:
-        """The multipliers for a step starting at simulated time `t` (seconds from the replay's start)."""
+    def _position(self, t: float) -> tuple[int, float]:
+        """The calibration trace and the time on its clock that simulated time `t` falls on."""
         j = int(max(t, 0.0) // self.block_s)
         while len(self.time_blocks) <= j:
             k = int(self.rng.choice(len(self.traces), p=self.trace_p))
             st = self.traces[k][1]
             self.time_blocks.append((k, st[0] + self.rng.uniform(0, max(st[-1] - st[0] - self.block_s, 0.0))))
         k, offset = self.time_blocks[j]
+        return k, offset + max(t, 0.0) - j * self.block_s
+
+    def at_time(self, t: float) -> np.ndarray:
+        """The multipliers for a step starting at simulated time `t` (seconds from the replay's start)."""
+        k, pos = self._position(t)
         lo, st = self.traces[k]
-        pos = offset + max(t, 0.0) - j * self.block_s
-        return self.ratios[lo + int(nearest(st, np.array([pos]))[0])]
+        return self.ratios[lo + int(covering(st, np.array([pos]))[0])]
+
+    def device_seconds(self, t: float, work: float) -> float:
+        """How long `work` seconds of law take from simulated time `t`, each instant at the speed of the
+        calibration step under way then (the last one's speed past the end of its trace)."""
+        k, pos = self._position(t)
+        lo, st = self.traces[k]
+        i = int(covering(st, np.array([pos]))[0])
+        elapsed = 0.0
+        while work > 0:
+            ratio = max(float(self.ratios[lo + i, 0]), 1e-6)
+            room = (st[i + 1] - pos) if i + 1 < len(st) else np.inf
+            if work * ratio <= room:
+                return elapsed + work * ratio
+            elapsed, work, pos, i = elapsed + room, work - room / ratio, st[i + 1], i + 1
+        return elapsed
 
     def at(self, step: int) -> np.ndarray:
         while len(self.drawn) <= step:
