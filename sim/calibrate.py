@@ -3,7 +3,7 @@
 Each step's batch is rebuilt from the trace's decisions (the numbers the scheduler handed the model
 runner) and paired with what the step measurably cost, part by part (sim.cost_models.parts): `execute`
 (the model), the host phases around it (`end - start - execute`), and the gap before the next step
-while the engine had work. Every part gets a law in the batch shape and every step is kept: the
+while the engine had work. Every part gets a mean law in the batch shape and every step is kept: the
 scatter around the laws becomes the residual table the simulator samples from.
 """
 from __future__ import annotations
@@ -27,7 +27,7 @@ from sim.cost_models.calibrated import (PROFILE_FORMAT_VERSION, PROFILE_KIND, de
 from sim.cost_models.parts import PART_TERMS, PARTS, TERM_UNITS, batch_range, part_matrix
 from sim.cost_models.residuals import residual_table
 from sim.cost_models.roofline import DTYPE_BYTES, effective_from_coefficients, model_shape
-from sim.fit import fit_law, part_stats, ratios
+from sim.fit import fit_mean_law, part_stats, ratios
 from traces import Trace, load
 
 
@@ -52,7 +52,7 @@ def _step_table(trace: Trace) -> pd.DataFrame:
     # The gap counts only while the engine had work left: after an idle step it is waiting for arrivals.
     busy = ((s["num_running"] + s["num_waiting"]) > 0) & s["start"].shift(-1).notna()
     gap = (s["start"].shift(-1) - s["end"]).where(busy, 0.0).clip(lower=0).fillna(0.0)
-    parts = pd.DataFrame({"start": s["start"], "dur": dur, "device": execute if split else dur,
+    parts = pd.DataFrame({"dur": dur, "device": execute if split else dur,
                           "host": (dur - execute).clip(lower=0) if split else dur * 0, "gap": gap, "busy": busy})
     return agg.join(parts, how="inner")
 
@@ -70,31 +70,27 @@ def batches_from_trace(trace: Trace) -> list[tuple[StepBatch, float]]:
 
 @dataclass(slots=True)
 class StepSamples:
-    """One trace's steps: batches, starts (s, the trace's clock) and the measured seconds of each part
-    (gap 0 where not measured)."""
+    """One trace's steps: batches and the measured seconds of each part (gap 0 where not measured)."""
 
     path: str
     batches: list[StepBatch]
     y: dict[str, np.ndarray]
-    starts: np.ndarray
 
     @classmethod
     def of(cls, trace: Trace) -> StepSamples:
         table = _step_table(trace)
         if not len(table):
             raise ValueError(f"{trace.path}: no steps that scheduled tokens, nothing to calibrate on")
-        return cls(str(trace.path), _batches(table), {p: table[p].to_numpy(dtype=float) for p in PARTS},
-                   table["start"].to_numpy(dtype=float))
+        return cls(str(trace.path), _batches(table), {p: table[p].to_numpy(dtype=float) for p in PARTS})
 
 
 def _fit(samples: list[StepSamples]) -> dict[str, dict[str, Any]]:
-    """Per part: the law's coefficients and total measured / total law (all steps): the law times that
-    ratio is the expected step."""
+    """Per part: the mean law's coefficients and total measured / total predicted (all steps; ~1)."""
     batches = [b for s in samples for b in s.batches]
     out = {}
     for part in PARTS:
         x, y = part_matrix(part, batches), np.concatenate([s.y[part] for s in samples])
-        coef = fit_law(x, y)
+        coef = fit_mean_law(x, y)
         pred = x @ coef
         measured = (y > 0) & (pred > 0)
         out[part] = {"coefficients": {k: float(v) for k, v in zip(PART_TERMS[part], coef)},
@@ -156,8 +152,7 @@ def calibrate(traces: list[Trace]) -> tuple[dict[str, Any], list[str]]:
         "model": ident["model"], "device": ident["device"], "kv_cache": ident["kv_cache"],
         "coefficients": coefficients, "parts": laws,
         "fit": {**stats["device"], "parts": stats}, "leave_one_trace_out": loto,
-        "residuals": residual_table(table, [len(s.batches) for s in samples],
-                                    np.concatenate([s.starts for s in samples])),
+        "residuals": residual_table(table, [len(s.batches) for s in samples]),
         "fitted_range": batch_range(batches),
         "effective": _effective(coefficients, ident["model"]),
         "traces": [{"path": str(t.path), "source": t.source, "complete": t.complete, "num_steps": len(s.batches),
@@ -211,9 +206,7 @@ def report_lines(profile: dict[str, Any], output: str | None = None) -> list[str
         lines.append(f"law {part}: {terms}; total measured/law {law['mean_ratio']:.3f}")
     res = profile["residuals"]
     dev = np.asarray(res["ratios"], dtype=float)[:, 0]
-    block = (f"{res['block_seconds']:.2f} s of the replay's clock" if res.get("block_seconds")
-             else f"{res['block_steps']} steps")
-    lines.append(f"residuals: all {len(dev)} steps kept as a table sampled in blocks of {block} "
+    lines.append(f"residuals: all {len(dev)} steps kept as a table sampled in blocks of {res['block_steps']} steps "
                  f"(device measured/law p5 {np.percentile(dev, 5):.2f}, p50 {np.percentile(dev, 50):.2f}, "
                  f"p95 {np.percentile(dev, 95):.2f}, max {dev.max():.2f})")
     eff = profile.get("effective")

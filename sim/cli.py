@@ -148,8 +148,6 @@ def _simulate(args: argparse.Namespace, trace_dir: str, residual_seed: int | Non
                                                                        **cost_model.describe()}, sched, cache))
     sim = Simulator(sched, cache, cost_model, trace_dir, meta, seed=args.seed or 0, vocab_size=args.vocab_size,
                     follow_recorded=exact)
-    if hasattr(cost_model, "use_clock"):  # residuals drawn in spans of simulated time
-        cost_model.use_clock(sim.clock)
     sim.recorder.set_trace_level(args.trace_level)
     return sim.run(source.requests, source.external_finishes, source.num_requests, progress=progress), cost_model
 

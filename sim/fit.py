@@ -1,15 +1,12 @@
 """Fitting one step part's law to measured times, with every step kept.
 
-The law is the shape of a typical step: non-negative coefficients fitted on relative error with an L1
-loss (iteratively reweighted least squares, weights 1/(law * sqrt|relative error|)), since step times
-span orders of magnitude and their scatter grows with them. L1, not squares, because on a shared machine
-a slow spell lands at random on a handful of the rare steps (a calibration run has tens of prefill steps
-against thousands of decode steps) and a squared loss lets those few set the rare terms: in one
-fidelity-bench calibration the squared-loss law had 715 us per prefill token against 167-253 in the
-others, and the held-out run's long prefills took a median 0.22 of it (0.50 with L1). The machine's
-slowness is not lost: sim calibrate scales the law by total measured / total law for the expected step
-(`mean_ratio`), and every step's measured / law ratio lives on in the residual table
-(sim.cost_models.residuals) that sampled replays draw from, none dropped.
+The law is a conditional-mean law: non-negative coefficients whose prediction is the expected time of
+a step of that shape, slow steps included (weighted least squares on relative error, weights 1/law,
+iterated: step times span orders of magnitude and their scatter grows with them). On a shared machine
+short steps are slowed proportionally more than long ones (a stolen time slice is a larger share of a
+20 ms step than of a 1 s one); a median law times one global slowdown factor would then be biased per
+shape, while the mean law absorbs the average stolen time in its per-step and per-sequence terms. The
+scatter around it lives on in the residual ratios (sim.cost_models.residuals), none dropped.
 """
 from __future__ import annotations
 
@@ -17,12 +14,10 @@ import numpy as np
 
 from sim.cost_models.calibrated import error_stats, nnls
 
-L1_FLOOR = 0.05  # relative errors below 5 % weigh as 5 %: keeps the reweighting finite near a perfect fit
 
-
-def fit_law(x: np.ndarray, y: np.ndarray, iterations: int = 30) -> np.ndarray:
-    """Coefficients c >= 0 minimising sum |y - x c| / (x c) over the rows with y > 0 (by iterating the
-    weights from the previous solution); zeros when no row is positive (a part the trace did not
+def fit_mean_law(x: np.ndarray, y: np.ndarray, iterations: int = 10) -> np.ndarray:
+    """Coefficients c >= 0 minimising sum ((y - x c) / (x c))^2 over the rows with y > 0 (by iterating
+    the weights from the previous solution); zeros when no row is positive (a part the trace did not
     measure costs nothing)."""
     rows = y > 0
     coef = np.zeros(x.shape[1])
@@ -38,8 +33,7 @@ def fit_law(x: np.ndarray, y: np.ndarray, iterations: int = 30) -> np.ndarray:
         new = nnls(a * w[:, None], yy * w)
         done = np.allclose(new, c, rtol=1e-7, atol=0)
         c = new
-        pred = np.maximum(a @ c, floor)
-        w = 1.0 / (pred * np.sqrt(np.maximum(np.abs(yy / pred - 1.0), L1_FLOOR)))
+        w = 1.0 / np.maximum(a @ c, floor)
         if done:
             break
     coef[used] = c / scale[used]

@@ -12,7 +12,6 @@ around all three is replayed from the profile's residual table (sim.cost_models.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -94,9 +93,7 @@ def load_profile(path: str | Path) -> dict[str, Any]:
 class CalibratedCostModel:
     """The fitted laws; `load` reads a PROFILE.json written by `sim calibrate`. With a `seed`, each step
     is scaled by measured residual ratios drawn in blocks (one sampled replay); without, by the mean ratio
-    (the expected step). A profile without parts (format 1) is one law for the whole step. Given the
-    simulator's clock (`use_clock`), the blocks are spans of time rather than runs of steps
-    (sim.cost_models.residuals says why)."""
+    (the expected step). A profile without parts (format 1) is one law for the whole step."""
 
     name = "calibrated"
 
@@ -117,11 +114,6 @@ class CalibratedCostModel:
         self._outside: dict[str, int] = {}
         self._num_steps = 0
         self.last_phases = (0.0, 0.0, 0.0)
-        self._clock: Callable[[], float] | None = None
-
-    def use_clock(self, clock: Callable[[], float]) -> None:
-        """Read the simulated time of each step's start from `clock` (the simulator's)."""
-        self._clock = clock
 
     @classmethod
     def load(cls, path: str | Path, seed: int | None = None) -> CalibratedCostModel:
@@ -131,10 +123,7 @@ class CalibratedCostModel:
     def step_parts(self, batch: StepBatch, step: int) -> StepParts:
         """Device, host and gap seconds of this step (async scheduling may overlap host with device)."""
         self._check_range(batch)
-        sampler = self._sampler
-        timed = sampler is not None and sampler.timed and self._clock is not None
-        now = self._clock() if timed else 0.0
-        mult = None if sampler is None else sampler.at_time(now) if timed else sampler.at(step)
+        mult = self._sampler.at(step) if self._sampler is not None else None
         out = []
         for i, part in enumerate(PARTS):
             law = self._laws.get(part)
@@ -143,12 +132,7 @@ class CalibratedCostModel:
                 continue
             coef, mean = law
             t = float(np.dot(coef, part_features(part, batch)))
-            if mult is None:
-                out.append(t * mean)
-            elif timed and part == "device":
-                out.append(sampler.device_seconds(now, t))
-            else:
-                out.append(t * float(mult[i]))
+            out.append(t * (mean if mult is None else float(mult[i])))
         return StepParts(*out)
 
     def step_time(self, batch: StepBatch, step: int) -> float:
