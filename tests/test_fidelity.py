@@ -226,3 +226,23 @@ def test_plan_samples_without_residuals_is_one_line_exit_2(capsys):
     assert main(["plan", str(DEFAULT_WORKLOAD), "--slo", "ttft_p99=2s", "--samples", "3"]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "--residuals" in err
+
+
+def test_fidelity_bench_replay_only_predicts_again_from_the_runs_it_recorded_before(engine_like, tmp_path, monkeypatch):
+    """Two model versions compared on the same recordings: no new run is recorded."""
+    import importlib.util
+    import shutil
+    from pathlib import Path
+
+    from traces.summary import summarize
+
+    spec = importlib.util.spec_from_file_location("fidelity_bench", Path(__file__).parents[1] / "bench" / "fidelity.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    monkeypatch.setattr(bench, "record", lambda *a, **k: pytest.fail("recorded again"))
+    shutil.copytree(engine_like / "a", tmp_path / "train")
+    shutil.copytree(engine_like / "b", tmp_path / "heldout")
+    result = bench.one_repeat(tmp_path, samples=2, together=True, rerecord=False)
+    measured = summarize(traces.load(engine_like / "b").requests)
+    assert len(result) == 10 and result["ttft_p90"]["measured"] == measured["ttft_p90_s"]
+    assert (tmp_path / "profile.json").is_file()
