@@ -90,7 +90,9 @@ def test_decode_index_names_each_heads_kv_rows_through_the_block_table():
             expected += [(table[p // block_size] * block_size + p % block_size) * kv_heads + h // 3 for p in range(n)]
     assert index.cols.tolist() == expected
     assert index.crow.tolist() == [0] + torch.tensor([n for n in lens for _ in range(heads)]).cumsum(0).tolist()
-    assert index.split_sizes == [heads * n for n in lens]
+    assert index.max_len == 11
+    assert index.grid_pos.tolist() == [r * 11 + p for r, n in enumerate(n for n in lens for _ in range(heads))
+                                       for p in range(n)]
 
 
 def test_float32_cpu_decodes_read_the_cache_in_place_and_share_one_index(monkeypatch):
