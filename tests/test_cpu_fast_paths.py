@@ -90,7 +90,9 @@ def test_decode_index_names_each_heads_kv_rows_through_the_block_table():
             expected += [(table[p // block_size] * block_size + p % block_size) * kv_heads + h // 3 for p in range(n)]
     assert index.cols.tolist() == expected
     assert index.crow.tolist() == [0] + torch.tensor([n for n in lens for _ in range(heads)]).cumsum(0).tolist()
-    assert index.split_sizes == [heads * n for n in lens]
+    assert index.max_len == 11
+    assert index.grid_pos.tolist() == [r * 11 + p for r, n in enumerate(n for n in lens for _ in range(heads))
+                                       for p in range(n)]
 
 
 def test_float32_cpu_decodes_read_the_cache_in_place_and_share_one_index(monkeypatch):
@@ -109,3 +111,45 @@ def test_float32_cpu_decodes_read_the_cache_in_place_and_share_one_index(monkeyp
     second = forward(q, kv, kv, cache, meta, 0.2)  # a second layer of the same step
     assert meta.decode_index is index
     torch.testing.assert_close(first, second)
+
+
+def test_a_long_prefill_mlp_in_row_passes_matches_one_pass(monkeypatch):
+    from engine.model_executor.models import llama
+
+    torch.manual_seed(0)
+    mlp = llama.LlamaMLP(32, 48, bias=False)
+    x = torch.randn(37, 32)
+    with torch.inference_mode():
+        whole = mlp(x)
+        monkeypatch.setattr(llama, "CPU_MLP_ROWS", 8)  # 37 rows: four passes of 8 and one of 5
+        torch.testing.assert_close(mlp(x), whole, atol=0, rtol=0)
+
+
+def test_rms_norm_rounds_as_transformers_does():
+    from engine.model_executor.layers.layernorm import RMSNorm, rms_norm
+
+    gen = torch.Generator().manual_seed(0)
+    for dtype in (torch.float32, torch.bfloat16):
+        x = torch.randn(5, 3, 64, generator=gen).to(dtype)
+        weight = (1 + 0.1 * torch.randn(3, 64, generator=gen)).to(dtype)
+        xf = x.float()
+        expected = weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)).to(dtype)
+        assert torch.equal(rms_norm(x, weight, 1e-6), expected)
+    norm = RMSNorm(64)
+    x, residual = torch.randn(4, 64, generator=gen), torch.randn(4, 64, generator=gen)
+    total = x + residual
+    normed, new_residual = norm(x.clone(), residual)
+    assert torch.equal(new_residual, total) and torch.equal(normed, norm(total))
+
+
+def test_rotary_rotation_rounds_as_rotate_half_does():
+    from engine.model_executor.layers.rotary_embedding import RotaryEmbedding
+
+    rope = RotaryEmbedding(64, 64, 512, 10000.0)
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(6, 5, 64, generator=gen)
+    positions = torch.tensor([0, 3, 17, 200, 201, 511])
+    cos, sin = rope.cos_sin_cache[positions].chunk(2, dim=-1)
+    cos, sin = torch.cat([cos, cos], -1)[:, None], torch.cat([sin, sin], -1)[:, None]
+    rotate_half = torch.cat([-x[..., 32:], x[..., :32]], dim=-1)
+    assert torch.equal(rope.rotate(x, rope.cos_sin(positions)), x * cos + rotate_half * sin)

@@ -114,9 +114,9 @@ def forward(
     """
     if meta is None:
         return causal_attention(q, k, v, scale)
-    out = torch.zeros_like(q)
     qsl = meta.query_start_loc_cpu
     if kv_cache is None:
+        out = torch.zeros_like(q)
         for i in range(meta.num_seqs):
             s, e = qsl[i], qsl[i + 1]
             out[s:e] = causal_attention(q[s:e], k[s:e], v[s:e], scale)
@@ -124,6 +124,11 @@ def forward(
     n = meta.num_actual_tokens
     reshape_and_cache(k[:n], v[:n], kv_cache, meta.slot_mapping[:n])
     nd = meta.num_decodes
+    if nd == meta.num_seqs == q.shape[0] and cpu_decode.supports(kv_cache):
+        # Only decodes and no padding rows: the decode kernel's output is the whole answer.
+        assert meta.num_decode_tokens == nd, "decode sequences must have query length 1"
+        return cpu_decode.paged_decode(q, kv_cache, _decode_index(meta, kv_cache, q.shape[1]), scale)
+    out = torch.zeros_like(q)
     if nd and cpu_decode.supports(kv_cache):
         assert meta.num_decode_tokens == nd, "decode sequences must have query length 1"
         out[:nd] = cpu_decode.paged_decode(q[:nd], kv_cache, _decode_index(meta, kv_cache, q.shape[1]), scale)

@@ -7,10 +7,17 @@ from torch import nn
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """weight * x / rms(x) over the last dim, the rms taken in float32; weight broadcasts, so one call
-    can normalise q and k heads together with their own weights stacked."""
+    can normalise q and k heads together with their own weights stacked.
+
+    The arithmetic is transformers' (x * rsqrt(mean(x^2) + eps), cast, then times weight), with the
+    small [..., 1] factor and the final product done in place: two full-size temporaries, not four.
+    """
     xf = x.float()
-    xf = xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps)
-    return weight * xf.to(x.dtype)
+    inv_rms = xf.pow(2).mean(dim=-1, keepdim=True).add_(eps).rsqrt_()
+    y = (xf * inv_rms).to(x.dtype)
+    if torch.result_type(y, weight) != y.dtype or y.shape != torch.broadcast_shapes(y.shape, weight.shape):
+        return weight * y
+    return y.mul_(weight)
 
 
 class RMSNorm(nn.Module):
@@ -25,8 +32,10 @@ class RMSNorm(nn.Module):
         """Plain norm, or with `residual`: add it first and also return the sum as the new residual.
 
         The fused form lets a decoder layer carry the residual stream without extra adds at call sites.
+        The sum is written into `x` (the layer's fresh attention or MLP output, read nowhere else), so
+        the residual stream costs no allocation per layer.
         """
         if residual is None:
             return rms_norm(x, self.weight, self.eps)
-        x = x + residual
+        x = x.add_(residual) if x.dtype == torch.result_type(x, residual) else x + residual
         return rms_norm(x, self.weight, self.eps), x

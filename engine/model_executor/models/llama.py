@@ -64,6 +64,12 @@ class LlamaAttention(nn.Module):
         return self.o_proj(self.attn(q, k, qkv[:, self.q_size + self.kv_size :]))
 
 
+# Rows per MLP pass on a CPU. A long prefill's [T, 2 * intermediate] activation does not fit in cache;
+# passes of 512 rows keep it there: on a hidden-512 layer (intermediate 1536, 8,192 rows, 1 thread)
+# the MLP took 248 ms against 302 ms in one pass, with the same result bit for bit.
+CPU_MLP_ROWS = 512
+
+
 class LlamaMLP(nn.Module):
     def __init__(self, hidden_size: int, intermediate_size: int, bias: bool) -> None:
         super().__init__()
@@ -72,6 +78,14 @@ class LlamaMLP(nn.Module):
         self.act_fn = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.device.type != "cpu" or x.shape[0] <= CPU_MLP_ROWS:
+            return self._mlp(x)
+        out = x.new_empty(*x.shape[:-1], self.down_proj.out_features)
+        for rows_in, rows_out in zip(x.split(CPU_MLP_ROWS), out.split(CPU_MLP_ROWS)):
+            rows_out.copy_(self._mlp(rows_in))
+        return out
+
+    def _mlp(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.act_fn(self.gate_up_proj(x)))
 
 
