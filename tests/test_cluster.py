@@ -5,7 +5,6 @@ import pytest
 
 import traces
 from engine.core.config import CacheConfig, SchedulerConfig
-from sim.batch import StepBatch
 from sim.cluster import Cluster, replica_summary
 from sim.loop import Simulator
 from sim.plan import base_requests
@@ -13,20 +12,11 @@ from sim.routers import make_router
 from sim.sources import SimRequest, open_source
 from traces.summary import summarize
 from workloads import DEFAULT_WORKLOAD, WORKLOADS_DIR
+from sim_helpers import FixedCost
 
 MOONCAKE = str(WORKLOADS_DIR / "mooncake_conversation.yaml")
 
 
-class FixedCost:
-    """10 ms per step plus 10 us per token: enough to order events, nothing to calibrate."""
-
-    name = "fixed"
-
-    def step_time(self, batch: StepBatch, step: int) -> float:
-        return 0.01 + 1e-5 * batch.num_tokens
-
-    def describe(self) -> dict:
-        return {}
 
 
 def _configs(blocks: int = 400, max_num_seqs: int = 16) -> tuple[SchedulerConfig, CacheConfig]:

@@ -19,16 +19,9 @@ from sim.sources import open_source
 from traces.recorder import TraceRecorder
 from traces.writer import TraceWriter
 from workloads import DEFAULT_WORKLOAD
+from sim_helpers import FixedCost
 
 
-class FixedCost:
-    name = "fixed"
-
-    def step_time(self, batch: StepBatch, step: int) -> float:
-        return 0.01 + 1e-5 * batch.num_tokens
-
-    def describe(self) -> dict:
-        return {}
 
 
 def reference_batch(so: SchedulerOutput) -> StepBatch:

@@ -8,12 +8,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from engine.core.config import CacheConfig, SchedulerConfig
-from sim.batch import StepBatch
 from sim.loop import Simulator
 from sim.sources import open_source
 from traces.runs import RunSpec, merge_runs, runs_batch
 from traces.writer import TraceWriter
 from workloads import DEFAULT_WORKLOAD
+from sim_helpers import FixedCost
 
 SCHEMA = pa.schema([("step", pa.int64()), ("request_id", pa.large_string()), ("event", pa.large_string()),
                     ("blocks", pa.list_(pa.int64())), ("note", pa.large_string())])
@@ -59,14 +59,6 @@ def test_runs_merge_into_the_buffered_rows_at_their_positions(events):
     assert merged.to_pylist() == _plain_rows(events)
 
 
-class FixedCost:
-    name = "fixed"
-
-    def step_time(self, batch: StepBatch, step: int) -> float:
-        return 0.01 + 1e-5 * batch.num_tokens
-
-    def describe(self) -> dict:
-        return {}
 
 
 @pytest.mark.parametrize("async_scheduling", [False, True])

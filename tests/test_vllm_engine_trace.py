@@ -29,6 +29,13 @@ WORKLOAD = {
 }
 
 
+def small_engine_kwargs(checkpoint) -> dict:
+    """A four-seat vLLM-CPU engine with the recording scheduler, for the tests that need no tight pool."""
+    return dict(model=str(checkpoint), max_model_len=256, block_size=32, max_num_seqs=4, enforce_eager=True,
+                dtype="float32", gpu_memory_utilization=0.1, kv_cache_memory_bytes=16 << 20, disable_log_stats=True,
+                scheduler_cls="engine.vllm_backend.scheduler.RecordingScheduler")
+
+
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     from engine.vllm_backend.checkpoint import save_builtin_checkpoint
@@ -132,10 +139,7 @@ def test_in_process_engine_shutdown_completes_the_trace_before_the_workers_stop(
     from workloads import workload_from_dict
 
     path = tmp_path / "trace"
-    kwargs = dict(model=str(checkpoint), max_model_len=256, block_size=32, max_num_seqs=4, enforce_eager=True,
-                  dtype="float32", gpu_memory_utilization=0.1, kv_cache_memory_bytes=16 << 20, disable_log_stats=True,
-                  scheduler_cls="engine.vllm_backend.scheduler.RecordingScheduler")
-    engine = build_vllm_engine(kwargs, path)
+    engine = build_vllm_engine(small_engine_kwargs(checkpoint), path)
     run_workload(engine, workload_from_dict({**WORKLOAD, "num_requests": 3}), progress=False)
     core = engine.engine.engine_core.engine_core
     seen = []
@@ -161,10 +165,7 @@ def test_a_prompt_vllm_refuses_fails_alone_and_the_trace_names_vllms_reason(chec
     from traces.summary import rejections
 
     path = tmp_path / "trace"
-    kwargs = dict(model=str(checkpoint), max_model_len=256, block_size=32, max_num_seqs=4, enforce_eager=True,
-                  dtype="float32", gpu_memory_utilization=0.1, kv_cache_memory_bytes=16 << 20, disable_log_stats=True,
-                  scheduler_cls="engine.vllm_backend.scheduler.RecordingScheduler")
-    engine = build_vllm_engine(kwargs, path)
+    engine = build_vllm_engine(small_engine_kwargs(checkpoint), path)
     engine.scheduler.stepscope.set_t0(time.monotonic())
     params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
     engine.add_request("too-long", {"prompt_token_ids": [7] * 256}, params, arrival_time=time.monotonic())

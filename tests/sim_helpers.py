@@ -1,0 +1,16 @@
+"""A cost model for simulator tests: fixed step times that order events and need no calibration."""
+from __future__ import annotations
+
+from sim.batch import StepBatch
+
+
+class FixedCost:
+    """10 ms per step plus 10 us per token."""
+
+    name = "fixed"
+
+    def step_time(self, batch: StepBatch, step: int) -> float:
+        return 0.01 + 1e-5 * batch.num_tokens
+
+    def describe(self) -> dict:
+        return {}
