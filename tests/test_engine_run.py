@@ -31,9 +31,16 @@ def workload(tmp_path):
     return path
 
 
+def _default_sigint() -> None:
+    """A shell that runs pytest in the background ignores SIGINT, and children inherit that; Python then
+    installs no KeyboardInterrupt handler, so the Ctrl-C test needs the default disposition back."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _start(args, **kw):
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen(ENGINE + args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, **kw)
+    return subprocess.Popen(ENGINE + args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            preexec_fn=_default_sigint, **kw)
 
 
 def _wait_for_steps(trace_dir, n, proc, timeout=120):
