@@ -30,6 +30,7 @@ from engine.core.sched_output import SchedulerOutput
 from engine.core.step_cycle import StepCycle, StepTimes
 from sim.batch import batch_from_output
 from sim.cost_models.base import CostModel
+from sim.decode_runs import MAX_RUN, DecodeRuns
 from sim.runner import FakeModelRunner
 from sim.sources import SimRequest, make_request
 from traces.recorder import TraceRecorder
@@ -94,7 +95,7 @@ class Simulator:
     def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig, cost_model: CostModel,
                  trace_dir: str | Path, meta: dict[str, Any] | None = None, seed: int = 0,
                  vocab_size: int = 32000, follow_recorded: bool = False, flush_every: int = 1024,
-                 snapshot_every: int | None = None, trace_level: str = "full") -> None:
+                 snapshot_every: int | None = None, trace_level: str = "full", decode_runs: bool = True) -> None:
         self.now = 0.0
         self.cost_model = cost_model
         self.scheduler = make_scheduler(scheduler_config, cache_config, clock=self.clock)
@@ -113,6 +114,10 @@ class Simulator:
         self.cycle = StepCycle(self.scheduler, self.runner, self.clock, CycleRecorder(self.recorder, cost_model),
                                batch_queue_size=2 if scheduler_config.async_scheduling else 1)
         self.num_added = 0
+        # Decode-only stretches advance as runs (same decisions, see sim.decode_runs), where the loop is
+        # synchronous and free to choose step starts; a recorded replay follows the recording step by step.
+        self.decode_runs = (DecodeRuns(self.scheduler, self.runner, self.recorder, cost_model)
+                            if decode_runs and self.step_start is None and self.cycle.batch_queue_size == 1 else None)
 
     def clock(self) -> float:
         return self.now
@@ -163,6 +168,7 @@ class Simulator:
         cycle, sched = self.cycle, self.scheduler
         step_time, step_start = self.cost_model.step_time, self.step_start
         add = self.add_request
+        runs = self.decode_runs
         nxt = next(stream, None)
         step = 0
         while True:
@@ -185,6 +191,14 @@ class Simulator:
                     return
                 self.now = max(start, nxt.add_time)
                 continue
+            if runs is not None and runs.ready():
+                most = MAX_RUN if not external else min(MAX_RUN, min((s for s in external if s > step),
+                                                                     default=step + MAX_RUN) - step)
+                done, self.now = runs.advance(start, step, None if nxt is None else nxt.add_time, most)
+                if done:
+                    step += done
+                    cycle.num_steps += done
+                    continue
             so = cycle.begin()
             self.now = start + step_time(batch_from_output(so), step)
             so, outputs = cycle.finish()

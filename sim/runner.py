@@ -48,6 +48,15 @@ class FakeModelRunner:
         self._recorded.pop(request_id, None)
         self._base.pop(request_id, None)
 
+    def upcoming(self, request_id: str, first_pos: int, count: int) -> list[int]:
+        """The tokens `execute` would sample at output positions first_pos .. first_pos + count - 1."""
+        rec = self._recorded.get(request_id)
+        tokens = rec[first_pos:first_pos + count] if rec is not None else []
+        base, span = self._base[request_id], self.span
+        tokens += [FIRST_TOKEN_ID + (base + pos * _MULTIPLIER) % span
+                   for pos in range(first_pos + len(tokens), first_pos + count)]
+        return tokens
+
     def execute(self, so: SchedulerOutput, requests: dict[str, Request]) -> ModelRunnerOutput:
         """One token for each request whose prompt is now computed (its recorded one when known), none
         for a partial prefill; the scheduler applies them in its own order, so row order is free."""

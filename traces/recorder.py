@@ -187,24 +187,7 @@ class TraceRecorder:
         decodes = so.decode_req_ids
         if len(decodes) == n and so.num_decode_tokens == n:
             # The common step: every running request decodes exactly one token (none was resumed).
-            if self._decode_runs is not None:
-                self._decode_runs.append((len(d["step"]), n, step, rids, computed, cached.new_block_ids))
-                return
-            consts = self._decode_consts.get(n)
-            if consts is None:
-                consts = self._decode_consts[n] = (["schedule"] * n, [1] * n, ["decode"] * n, [0] * n,
-                                                   [_NO_BLOCKS] * n, [None] * n)
-            schedule, ones, phase, zeros, no_blocks, nones = consts
-            d["step"].extend([step] * n)
-            d["request_id"].extend(rids)
-            d["event"].extend(schedule)
-            d["num_tokens"].extend(ones)
-            d["phase"].extend(phase)
-            d["num_computed_tokens"].extend(computed)
-            d["prefix_hit_tokens"].extend(zeros)
-            d["blocks_gained"].extend(cached.new_block_ids)
-            d["blocks_freed"].extend(no_blocks)
-            d["finish_reason"].extend(nones)
+            self._decode_rows(step, rids, computed, cached.new_block_ids)
             return
         num_tokens = so.num_scheduled_tokens
         d["step"].extend([step] * n)
@@ -217,6 +200,55 @@ class TraceRecorder:
         d["blocks_gained"].extend(cached.new_block_ids)
         d["blocks_freed"].extend([_NO_BLOCKS] * n)
         d["finish_reason"].extend([None] * n)
+
+    def _decode_rows(self, step: int, rids: list[str], computed: list[int], block_ids: list) -> None:
+        """The schedule rows of a step in which every scheduled request decodes one token."""
+        d = self._decisions
+        n = len(rids)
+        if self._decode_runs is not None:
+            self._decode_runs.append((len(d["step"]), n, step, rids, computed, block_ids))
+            return
+        consts = self._decode_consts.get(n)
+        if consts is None:
+            consts = self._decode_consts[n] = (["schedule"] * n, [1] * n, ["decode"] * n, [0] * n,
+                                               [_NO_BLOCKS] * n, [None] * n)
+        schedule, ones, phase, zeros, no_blocks, nones = consts
+        d["step"].extend([step] * n)
+        d["request_id"].extend(rids)
+        d["event"].extend(schedule)
+        d["num_tokens"].extend(ones)
+        d["phase"].extend(phase)
+        d["num_computed_tokens"].extend(computed)
+        d["prefix_hit_tokens"].extend(zeros)
+        d["blocks_gained"].extend(block_ids)
+        d["blocks_freed"].extend(no_blocks)
+        d["finish_reason"].extend(nones)
+
+    def is_between_steps(self) -> bool:
+        """Nothing recorded between steps waits for the next step's rows (rejections, aborts)."""
+        return not (self._pending_decisions or self._pending_requests)
+
+    def on_decode_step(self, rids: list[str], computed: list[int], block_ids: list, start: float, end: float,
+                       schedule_time: float, execute_time: float, sample_time: float) -> None:
+        """Record a step of a decode run (`sim.decode_runs`): the rows `on_step` writes for a step in which
+        every running request decodes one token and nothing else happens, without its SchedulerOutput."""
+        step = self.step
+        writer = self.writer
+        if self._full:
+            self._decode_rows(step, rids, computed, block_ids)
+            if self.kv.events:
+                self._block_events(step)
+            if step % self.snapshot_every == 0:
+                writer.write_rows("block_snapshots", self.block_snapshot(step))
+        if self._steps:
+            n, t0, num_usable = len(rids), self.t0, self._num_usable_blocks
+            self._step_rows.append((
+                step, start - t0, end - t0, 0, n, n, n, 0, 0, num_usable - self._num_free_blocks(), num_usable, 0,
+                0, 0, schedule_time, execute_time, sample_time, None, None, None, None))
+        if not self._direct:
+            self._rows_to_writer()
+        writer.flush()
+        self.step += 1
 
     def _decision(self, step: int, rid: str, event: str, freed: list[int] | None, reason: str | None) -> None:
         """A row that schedules nothing: preempt, finish, abort or reject."""

@@ -1,0 +1,150 @@
+"""Runs of decode-only steps, advanced without a SchedulerOutput per step.
+
+Most steps of a long replay change nothing but counts: every running request decodes one token, and
+nobody waits, arrives, finishes or is preempted. For such a step `Scheduler.schedule` gives each running
+request one token (and a block, or a block published, where it crosses its `slot_limit`) and
+`update_from_output` appends the sampled token. `DecodeRuns.advance` does exactly that for a run of
+steps: the KV cache manager's own `allocate_slots` at each crossing, in the scheduler's order, tokens
+appended in bulk, and each step recorded through `TraceRecorder.on_decode_step`. A run stops before any
+step that could differ: an arrival, a token that may stop a request, a step short of free blocks. So
+block ids, hashes, times and every trace table equal the step-by-step loop's
+(tests/test_decode_runs.py replays workloads both ways and compares them).
+"""
+from __future__ import annotations
+
+from engine.core.request import Request
+from engine.core.sched_output import NO_BLOCK_IDS
+from engine.core.scheduler import Scheduler
+from sim.batch import StepBatch
+from sim.cost_models.base import CostModel
+from sim.runner import FakeModelRunner
+from traces.recorder import TraceRecorder
+
+# Steps looked ahead per run: tokens are drawn for this many steps before the run can tell where it ends.
+MAX_RUN = 64
+
+
+class DecodeRuns:
+    """Advances the synchronous simulator through decode-only runs; `advance` returns the steps taken."""
+
+    def __init__(self, scheduler: Scheduler, runner: FakeModelRunner, recorder: TraceRecorder,
+                 cost_model: CostModel) -> None:
+        self.scheduler = scheduler
+        self.kv = scheduler.kv_cache_manager
+        self.runner = runner
+        self.recorder = recorder
+        self.cost_model = cost_model
+        self.num_steps = 0  # steps taken in runs, of the whole replay
+
+    def ready(self) -> bool:
+        """Every running request is a plain decode and nothing else waits to happen before the next step."""
+        s = self.scheduler
+        running = s.running
+        if (not running or s.waiting or s.finished_req_ids or s.has_pending_outputs() or s.has_placeholders
+                or len(running) > s.max_num_scheduled_tokens or not self.recorder.is_between_steps()):
+            return False
+        for req in running:
+            if (req.num_computed_tokens != len(req.all_token_ids) - 1 or req.is_prefill_chunk
+                    or req.num_in_flight_tokens or not req.output_token_ids):
+                return False
+        return True
+
+    def advance(self, now: float, step: int, next_arrival: float | None, max_steps: int = MAX_RUN) -> tuple[int, float]:
+        """Run decode steps from `now` (step index `step`) while no arrival is due at a step's start;
+        returns (steps taken, the clock after the last). Call only when `ready()`."""
+        running = list(self.scheduler.running)
+        n = len(running)
+        rids = [r.request_id for r in running]
+        computed0 = [r.num_computed_tokens for r in running]
+        steps = max_steps
+        for req in running:  # the step that reaches max_tokens (or max_model_len) finishes: not in a run
+            left = req.num_tokens_limit - len(req.all_token_ids) - 1
+            if left < steps:
+                steps = left
+        if steps <= 0:
+            return 0, now
+        upcoming = self.runner.upcoming
+        tokens = []
+        for req in running:
+            toks = upcoming(req.request_id, len(req.output_token_ids), steps)
+            stop = req.stop_token_set
+            if stop:
+                for j, t in enumerate(toks):
+                    if t in stop:  # may stop it (check_stop decides): that step is the loop's
+                        steps = j
+                        break
+            tokens.append(toks)
+        if steps <= 0:
+            return 0, now
+        kv, block_size = self.kv, self.kv.block_size
+        slot_limit, req_blocks = kv.slot_limit, kv.req_to_blocks
+        crossings: dict[int, list[int]] = {}  # step in the run -> running indices that call allocate_slots
+        for i, (rid, c) in enumerate(zip(rids, computed0)):
+            j = slot_limit[rid] - c
+            if j < steps:
+                crossings.setdefault(j, []).append(i)
+        applied = [0] * n  # per request, tokens of the run appended so far
+        free_blocks = kv.block_pool.free_block_queue
+        cost = self.cost_model
+        step_time, split, record = cost.step_time, hasattr(cost, "last_phases"), self.recorder.on_decode_step
+        context0 = n + sum(computed0)
+        done = 0
+        try:
+            while done < steps:
+                if next_arrival is not None and next_arrival <= now:
+                    break
+                block_ids = _no_blocks_row(n)
+                due = crossings.pop(done, None)
+                if due is not None:
+                    due.sort()
+                    need = sum(1 for i in due if computed0[i] + done + 1 > len(req_blocks[rids[i]]) * block_size)
+                    if need > free_blocks.num_free_blocks:
+                        break  # the scheduler would preempt here
+                    block_ids = list(block_ids)
+                    for i in due:
+                        req = running[i]
+                        _catch_up(req, tokens[i], applied[i], done)
+                        applied[i] = done
+                        req.num_computed_tokens = computed0[i] + done
+                        new_blocks = kv.allocate_slots(req, 1)
+                        if new_blocks:
+                            block_ids[i] = [b.block_id for b in new_blocks]
+                        j = slot_limit[rids[i]] - computed0[i]
+                        if j < steps:
+                            crossings.setdefault(j, []).append(i)
+                computed = [c + done for c in computed0]
+                start = now
+                now = start + step_time(StepBatch(0, n, 0, n, context0 + n * done, 0.0), step + done)
+                if split:  # a cost model that splits its step (model time, host time), as CycleRecorder reads it
+                    record(rids, computed, block_ids, start, now, *cost.last_phases)
+                else:
+                    record(rids, computed, block_ids, start, now, 0.0, now - start, 0.0)
+                done += 1
+        finally:
+            self.num_steps += done
+            for i, req in enumerate(running):
+                _catch_up(req, tokens[i], applied[i], done)
+                req.num_computed_tokens = computed0[i] + done
+        return done, now
+
+
+_NO_BLOCKS_ROWS: dict[int, list] = {}
+
+
+def _no_blocks_row(n: int) -> list:
+    """A step's block ids when no request gains one: one shared list per batch size, never mutated."""
+    row = _NO_BLOCKS_ROWS.get(n)
+    if row is None:
+        row = _NO_BLOCKS_ROWS[n] = [NO_BLOCK_IDS] * n
+    return row
+
+
+def _catch_up(req: Request, tokens: list[int], applied: int, upto: int) -> None:
+    """Append the run's tokens of steps applied .. upto - 1, as update_from_output would have."""
+    if upto <= applied:
+        return
+    new = tokens[applied:upto]
+    req.output_token_ids.extend(new)
+    req.all_token_ids.extend(new)
+    if req.block_size:
+        req.update_block_hashes()
