@@ -28,6 +28,7 @@ from sim.cost_models.parts import PART_TERMS, PARTS, TERM_UNITS, batch_range, pa
 from sim.cost_models.residuals import residual_table
 from sim.cost_models.roofline import DTYPE_BYTES, effective_from_coefficients, model_shape
 from sim.fit import fit_mean_law, part_stats, ratios
+from sim.intake import fit_intake
 from traces import Trace, load
 
 
@@ -154,6 +155,7 @@ def calibrate(traces: list[Trace]) -> tuple[dict[str, Any], list[str]]:
         "fit": {**stats["device"], "parts": stats}, "leave_one_trace_out": loto,
         "residuals": residual_table(table, [len(s.batches) for s in samples]),
         "fitted_range": batch_range(batches),
+        "intake": fit_intake(traces),
         "effective": _effective(coefficients, ident["model"]),
         "traces": [{"path": str(t.path), "source": t.source, "complete": t.complete, "num_steps": len(s.batches),
                     "model": model_label(i), "device": device_label(i)} for t, s, i in zip(traces, samples, idents)],
@@ -209,6 +211,13 @@ def report_lines(profile: dict[str, Any], output: str | None = None) -> list[str
     lines.append(f"residuals: all {len(dev)} steps kept as a table sampled in blocks of {res['block_steps']} steps "
                  f"(device measured/law p5 {np.percentile(dev, 5):.2f}, p50 {np.percentile(dev, 50):.2f}, "
                  f"p95 {np.percentile(dev, 95):.2f}, max {dev.max():.2f})")
+    intake = profile.get("intake")
+    if intake:
+        first = intake.get("first_wake_s")
+        lines.append(f"intake: an idle engine adds an arrival after {_seconds(intake['wake_s'])} (median of "
+                     f"{intake['num_wakes']} wake-ups; the run's first, cold: "
+                     f"{_seconds(first) if first is not None else 'not seen'}), then "
+                     f"{_seconds(intake['per_request_s'])} per request (median of {intake['num_adds']} adds)")
     eff = profile.get("effective")
     if eff and "error" not in eff:
         lines.append(f"effective: {eff['flops'] / 1e9:.3g} GFLOP/s (from {eff['flops_from']}), "

@@ -116,8 +116,10 @@ class Simulator:
         self.num_added = 0
         # Decode-only stretches advance as runs (same decisions, see sim.decode_runs), where the loop is
         # synchronous and free to choose step starts; a recorded replay follows the recording step by step.
-        self.decode_runs = (DecodeRuns(self.scheduler, self.runner, self.recorder, cost_model)
-                            if decode_runs and self.step_start is None and self.cycle.batch_queue_size == 1 else None)
+        # How the engine takes in arrivals when idle (calibrated profiles measure it); not in recorded replays.
+        self.intake = getattr(cost_model, "intake", None) if self.step_start is None else None
+        self._use_decode_runs = decode_runs and self.step_start is None and self.cycle.batch_queue_size == 1
+        self.decode_runs: DecodeRuns | None = None  # built by the loop, on the recorder it then has
 
     def clock(self) -> float:
         return self.now
@@ -168,7 +170,11 @@ class Simulator:
         cycle, sched = self.cycle, self.scheduler
         step_time, step_start = self.cost_model.step_time, self.step_start
         add = self.add_request
-        runs = self.decode_runs
+        runs = self.decode_runs = (DecodeRuns(sched, self.runner, self.recorder, self.cost_model)
+                                   if self._use_decode_runs else None)
+        intake = self.intake
+        per_request = intake.per_request_s if intake is not None else 0.0
+        woke = False
         nxt = next(stream, None)
         step = 0
         while True:
@@ -179,17 +185,24 @@ class Simulator:
                 hinted = step_start(step)
                 if hinted is not None and hinted > start:
                     start = hinted
-            while nxt is not None and nxt.add_time <= start:
+            due = start  # what has arrived by now is added; what arrives while adding waits a step
+            while nxt is not None and nxt.add_time <= due:
                 if nxt.add_time > self.now:
                     self.now = nxt.add_time
                 if add(nxt).is_finished():  # rejected: done, though never in finished_req_ids
                     bar.update(1)
                 nxt = next(stream, None)
+                if woke:  # each add after an idle wake-up delays the step (sim.intake)
+                    self.now = start = start + per_request
+            woke = False
             self.now = start
             if not (sched.running or cycle.has_work()):  # anything running is work: skip the queue checks
                 if nxt is None:
                     return
                 self.now = max(start, nxt.add_time)
+                if intake is not None:
+                    self.now += intake.wake()
+                    woke = True
                 continue
             if runs is not None and runs.ready():
                 most = MAX_RUN if not external else min(MAX_RUN, min((s for s in external if s > step),
@@ -244,6 +257,8 @@ class Simulator:
                 if nxt is None:
                     return
                 self.now = max(self.now, nxt.add_time)
+                if self.intake is not None:
+                    self.now += self.intake.wake()
                 continue
             self.now = max(self.now, ends.popleft())
             so, outputs = cycle.finish()

@@ -20,6 +20,7 @@ import numpy as np
 from sim.batch import StepBatch
 from sim.cost_models.parts import PART_TERMS, PARTS, RANGE_FIELDS, StepParts, part_features
 from sim.cost_models.residuals import ResidualSampler
+from sim.intake import Intake
 
 PROFILE_KIND = "stepscope-cost-profile"
 PROFILE_FORMAT_VERSION = 2
@@ -110,6 +111,7 @@ class CalibratedCostModel:
         table = self.profile.get("residuals")
         self.seed = seed
         self._sampler = ResidualSampler(table, seed) if seed is not None and table else None
+        self.intake = Intake.from_profile(self.profile, seed)
         self._range = self.profile.get("fitted_range") or {}
         self._outside: dict[str, int] = {}
         self._num_steps = 0
