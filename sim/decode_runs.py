@@ -35,6 +35,7 @@ class DecodeRuns:
         self.recorder = recorder
         self.cost_model = cost_model
         self.num_steps = 0  # steps taken in runs, of the whole replay
+        self._last_step = 0.0  # seconds of the last step of the last run
 
     def ready(self) -> bool:
         """Every running request is a plain decode and nothing else waits to happen before the next step."""
@@ -57,6 +58,10 @@ class DecodeRuns:
         rids = [r.request_id for r in running]
         computed0 = [r.num_computed_tokens for r in running]
         steps = max_steps
+        if next_arrival is not None and self._last_step > 0:
+            # Tokens are drawn for the steps up to about the next arrival, not all max_steps of them: a
+            # shorter guess costs one more call, drawing past the arrival is wasted work.
+            steps = min(steps, int((next_arrival - now) / self._last_step) + 2)
         for req in running:  # the step that reaches max_tokens (or max_model_len) finishes: not in a run
             left = req.num_tokens_limit - len(req.all_token_ids) - 1
             if left < steps:
@@ -119,6 +124,7 @@ class DecodeRuns:
                     record(rids, computed, block_ids, start, now, *cost.last_phases)
                 else:
                     record(rids, computed, block_ids, start, now, 0.0, now - start, 0.0)
+                self._last_step = now - start
                 done += 1
         finally:
             self.num_steps += done

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from engine.core.config import CacheConfig, SchedulerConfig
 from sim.loop import Simulator
 from sim.sources import open_source
+from traces.arrowstream import _token_lists
 from traces.runs import RunSpec, merge_runs, runs_batch
 from traces.writer import TraceWriter
 from workloads import DEFAULT_WORKLOAD
@@ -81,3 +82,9 @@ def test_replay_through_runs_writes_the_row_by_row_trace(tmp_path, monkeypatch, 
     assert "preempt" in events and events.count("schedule") > 100
     for table, expected in row_by_row.items():
         assert with_runs[table].equals(expected), table
+
+
+@given(st.lists(st.none() | st.lists(st.integers(0, 2**40), max_size=40), max_size=30))
+def test_token_id_columns_convert_to_the_arrays_pa_array_makes(rows):
+    typ = pa.list_(pa.int64())
+    assert _token_lists(rows, typ).equals(pa.array(rows, typ))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator, Sequence
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +35,25 @@ def to_batch(columns: dict[str, list[Any]], schema: Any) -> Any:
     times faster for the short ones most rows carry (block ids, mostly none)."""
     import pyarrow as pa
 
-    return pa.record_batch([pa.array(columns[f.name], f.type) for f in schema], schema=schema)
+    return pa.record_batch([_token_lists(columns[f.name], f.type) if f.name in TOKEN_COLUMNS
+                            else pa.array(columns[f.name], f.type) for f in schema], schema=schema)
+
+
+# Columns of long int lists (a request's token ids): converted through numpy, about twice as fast as
+# pa.array's per-element conversion, which was a third of the requests table's write cost.
+TOKEN_COLUMNS = frozenset({"prompt_token_ids", "output_token_ids"})
+
+
+def _token_lists(values: list[Any], typ: Any) -> Any:
+    import numpy as np
+    import pyarrow as pa
+
+    if any(v is None for v in values):
+        return pa.array(values, typ)
+    offsets = np.zeros(len(values) + 1, np.int32)
+    np.cumsum(np.fromiter(map(len, values), np.int64, len(values)), out=offsets[1:])
+    flat = np.fromiter(chain.from_iterable(values), np.int64, int(offsets[-1]))
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat), type=typ)
 
 
 def iter_batches(path: Path, memory_map: bool = True) -> tuple[Any, Iterator[Any], list[bool]]:
