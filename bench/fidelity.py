@@ -121,6 +121,12 @@ def report(results: list[dict], how: str) -> None:
         for m in HEADLINE:
             err = [100 * abs(r[m][key] - r[m]["measured"]) / r[m]["measured"] for r in results]
             print(f"{m} {label}: {np.median(err):.1f} %")
+    if len(results) > 1:
+        # The held-out run itself, recorded again: no prediction can be closer than this run-to-run spread.
+        for m in HEADLINE:
+            measured = np.array([r[m]["measured"] for r in results])
+            print(f"{m} measured spread: {100 * (measured.max() - measured.min()) / np.median(measured):.1f} % "
+                  f"(max - min over repeats, of the median)")
     inside = [sum(r[m]["p5"] <= r[m]["measured"] <= r[m]["p95"] for m in r) for r in results]
     print(f"inside interval: {int(np.median(inside))}/{len(results[0])}")
     print(f"inside interval, each repeat: {' '.join(f'{k}/{len(results[0])}' for k in inside)}")

@@ -5,7 +5,8 @@ nobody waits, arrives, finishes or is preempted. For such a step `Scheduler.sche
 request one token (and a block, or a block published, where it crosses its `slot_limit`) and
 `update_from_output` appends the sampled token. `DecodeRuns.advance` does exactly that for a run of
 steps: the KV cache manager's own `allocate_slots` at each crossing, in the scheduler's order, tokens
-appended in bulk, and each step recorded through `TraceRecorder.on_decode_step`. A run stops before any
+appended in bulk, and the whole run recorded at once (`TraceRecorder.on_decode_run`: its decision rows
+as one entry of the writer's row runs, `traces.runs`). A run stops before any
 step that could differ: an arrival, a token that may stop a request, a step short of free blocks. So
 block ids, hashes, times and every trace table equal the step-by-step loop's
 (tests/test_decode_runs.py replays workloads both ways and compares them).
@@ -13,7 +14,6 @@ block ids, hashes, times and every trace table equal the step-by-step loop's
 from __future__ import annotations
 
 from engine.core.request import Request
-from engine.core.sched_output import NO_BLOCK_IDS
 from engine.core.scheduler import Scheduler
 from sim.batch import StepBatch
 from sim.cost_models.base import CostModel
@@ -90,22 +90,26 @@ class DecodeRuns:
                 crossings.setdefault(j, []).append(i)
         applied = [0] * n  # per request, tokens of the run appended so far
         free_blocks = kv.block_pool.free_block_queue
-        cost = self.cost_model
-        step_time, split, record = cost.step_time, hasattr(cost, "last_phases"), self.recorder.on_decode_step
+        num_usable = kv.block_pool.num_usable_blocks
+        cost, recorder = self.cost_model, self.recorder
+        step_time, split = cost.step_time, hasattr(cost, "last_phases")
         context0 = n + sum(computed0)
+        starts: list[float] = []
+        ends: list[float] = []
+        phases: list[tuple[float, float, float]] = []
+        used: list[int] = []
+        gained: dict[int, list[int]] = {}  # j * n + i -> the blocks request i gained in step j
         done = 0
         try:
             while done < steps:
                 if next_arrival is not None and next_arrival <= now:
                     break
-                block_ids = _no_blocks_row(n)
                 due = crossings.pop(done, None)
                 if due is not None:
                     due.sort()
                     need = sum(1 for i in due if computed0[i] + done + 1 > len(req_blocks[rids[i]]) * block_size)
                     if need > free_blocks.num_free_blocks:
                         break  # the scheduler would preempt here
-                    block_ids = list(block_ids)
                     for i in due:
                         req = running[i]
                         _catch_up(req, tokens[i], applied[i], done)
@@ -113,36 +117,30 @@ class DecodeRuns:
                         req.num_computed_tokens = computed0[i] + done
                         new_blocks = kv.allocate_slots(req, 1)
                         if new_blocks:
-                            block_ids[i] = [b.block_id for b in new_blocks]
+                            gained[done * n + i] = [b.block_id for b in new_blocks]
                         j = slot_limit[rids[i]] - computed0[i]
                         if j < steps:
                             crossings.setdefault(j, []).append(i)
-                computed = [c + done for c in computed0]
+                    recorder.on_decode_step_blocks(step + done)
+                elif (step + done) % recorder.snapshot_every == 0:
+                    recorder.on_decode_step_blocks(step + done)
                 start = now
                 now = start + step_time(StepBatch(0, n, 0, n, context0 + n * done, 0.0), step + done)
-                if split:  # a cost model that splits its step (model time, host time), as CycleRecorder reads it
-                    record(rids, computed, block_ids, start, now, *cost.last_phases)
-                else:
-                    record(rids, computed, block_ids, start, now, 0.0, now - start, 0.0)
-                self._last_step = now - start
+                starts.append(start)
+                ends.append(now)
+                # A cost model that splits its step (model time, host time) as CycleRecorder reads it.
+                phases.append(cost.last_phases if split else (0.0, now - start, 0.0))
+                used.append(num_usable - free_blocks.num_free_blocks)
                 done += 1
+            if done:
+                self._last_step = ends[-1] - starts[-1]
         finally:
             self.num_steps += done
             for i, req in enumerate(running):
                 _catch_up(req, tokens[i], applied[i], done)
                 req.num_computed_tokens = computed0[i] + done
+            recorder.on_decode_run(rids, computed0, starts, ends, phases, used, gained)
         return done, now
-
-
-_NO_BLOCKS_ROWS: dict[int, list] = {}
-
-
-def _no_blocks_row(n: int) -> list:
-    """A step's block ids when no request gains one: one shared list per batch size, never mutated."""
-    row = _NO_BLOCKS_ROWS.get(n)
-    if row is None:
-        row = _NO_BLOCKS_ROWS[n] = [NO_BLOCK_IDS] * n
-    return row
 
 
 def _catch_up(req: Request, tokens: list[int], applied: int, upto: int) -> None:

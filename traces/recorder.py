@@ -5,6 +5,7 @@ Rows are kept as columns (one list per column, extended per step) and handed to 
 a simulated step costs microseconds, and a dict per decision row was a large share of them."""
 from __future__ import annotations
 
+from itertools import chain
 from typing import Any
 
 from engine.core.outputs import EngineCoreOutputs
@@ -21,9 +22,9 @@ TRACE_LEVELS = ("full", "steps", "none")
 _NO_BLOCKS: tuple[int, ...] = ()
 _NO_STOP = (None, None, None, None)
 _STEP_ROW = STEP_COLUMNS + OPTIONAL_COLUMNS["steps"]  # a steps row tuple's fields
-# The common step, every running request decoding one token, as one run of decision rows per step:
-# (position, count, step, request ids, computed counts, new block ids).
-DECODE_RUN = RunSpec(per_run=("step",), per_row=("request_id", "num_computed_tokens", "blocks_gained"),
+# The common step, every running request decoding one token, as one run of decision rows per step or per
+# decode run of steps (sim.decode_runs): (position, count, steps, request ids, computed counts, new block ids).
+DECODE_RUN = RunSpec(per_run=(), per_row=("step", "request_id", "num_computed_tokens", "blocks_gained"),
                      constants={"event": "schedule", "num_tokens": 1, "phase": "decode", "prefix_hit_tokens": 0,
                                 "blocks_freed": _NO_BLOCKS})
 
@@ -206,7 +207,7 @@ class TraceRecorder:
         d = self._decisions
         n = len(rids)
         if self._decode_runs is not None:
-            self._decode_runs.append((len(d["step"]), n, step, rids, computed, block_ids))
+            self._decode_runs.append((len(d["step"]), n, [step] * n, rids, computed, block_ids))
             return
         consts = self._decode_consts.get(n)
         if consts is None:
@@ -228,27 +229,53 @@ class TraceRecorder:
         """Nothing recorded between steps waits for the next step's rows (rejections, aborts)."""
         return not (self._pending_decisions or self._pending_requests)
 
-    def on_decode_step(self, rids: list[str], computed: list[int], block_ids: list, start: float, end: float,
-                       schedule_time: float, execute_time: float, sample_time: float) -> None:
-        """Record a step of a decode run (`sim.decode_runs`): the rows `on_step` writes for a step in which
-        every running request decodes one token and nothing else happens, without its SchedulerOutput."""
-        step = self.step
-        writer = self.writer
+    def on_decode_step_blocks(self, step: int) -> None:
+        """During a decode run (`sim.decode_runs`), after step `step`'s block crossings: its block events,
+        and the pool's snapshot if one is due, taken as `on_step` takes them (the run's rows come later)."""
         if self._full:
-            self._decode_rows(step, rids, computed, block_ids)
             if self.kv.events:
                 self._block_events(step)
             if step % self.snapshot_every == 0:
-                writer.write_rows("block_snapshots", self.block_snapshot(step))
+                self.writer.write_rows("block_snapshots", self.block_snapshot(step))
+
+    def on_decode_run(self, rids: list[str], computed0: list[int], starts: list[float], ends: list[float],
+                      phases: list[tuple[float, float, float]], used: list[int], gained: dict[int, list[int]]) -> None:
+        """Record the steps of a decode run: every request of `rids` decodes one token per step, from
+        `computed0` computed tokens; step j ran `starts[j]`..`ends[j]` with the phases `phases[j]` and
+        `used[j]` blocks held; `gained[j * len(rids) + i]` are the blocks request i gained in step j.
+        The rows are those `on_step` writes for such steps (steps table, decisions), built at once."""
+        step0, k, n = self.step, len(starts), len(rids)
+        if not k:
+            return
+        writer = self.writer
+        if self._full:
+            d = self._decisions
+            if self._decode_runs is not None:  # one run entry for all k steps: lists built a step at a time in C
+                blocks = [_NO_BLOCKS] * (n * k)
+                for row, ids in gained.items():
+                    blocks[row] = ids
+                steps = list(chain.from_iterable([s] * n for s in range(step0, step0 + k)))
+                computed = list(chain.from_iterable([c + j for c in computed0] for j in range(k)))
+                self._decode_runs.append((len(d["step"]), n * k, steps, rids * k, computed, blocks))
+            else:
+                for j in range(k):
+                    blocks = [gained.get(j * n + i, _NO_BLOCKS) for i in range(n)]
+                    self._decode_rows(step0 + j, rids, [c + j for c in computed0], blocks)
         if self._steps:
-            n, t0, num_usable = len(rids), self.t0, self._num_usable_blocks
-            self._step_rows.append((
-                step, start - t0, end - t0, 0, n, n, n, 0, 0, num_usable - self._num_free_blocks(), num_usable, 0,
-                0, 0, schedule_time, execute_time, sample_time, None, None, None, None))
+            t0, num_usable = self.t0, self._num_usable_blocks
+            rows = self._step_rows
+            for j in range(k):
+                schedule_time, execute_time, sample_time = phases[j]
+                rows.append((step0 + j, starts[j] - t0, ends[j] - t0, 0, n, n, n, 0, 0, used[j], num_usable, 0, 0, 0,
+                             schedule_time, execute_time, sample_time, None, None, None, None))
         if not self._direct:
             self._rows_to_writer()
-        writer.flush()
-        self.step += 1
+        if self._decode_runs is not None:  # a TraceWriter: one call counts the run's steps
+            writer.flush(k)
+        else:
+            for _ in range(k):
+                writer.flush()
+        self.step += k
 
     def _decision(self, step: int, rid: str, event: str, freed: list[int] | None, reason: str | None) -> None:
         """A row that schedules nothing: preempt, finish, abort or reject."""

@@ -113,10 +113,10 @@ class TraceWriter:
         self._runs[table] = (spec, [])
         return self._runs[table][1]
 
-    def flush(self) -> None:
-        """Called once per step: every `flush_every` steps the rows go to the OS, after which a SIGKILL
-        loses nothing of them."""
-        self._steps_since_flush += 1
+    def flush(self, steps: int = 1) -> None:
+        """Called after each step (or run of `steps` steps): every `flush_every` steps the rows go to the
+        OS, after which a SIGKILL loses nothing of them."""
+        self._steps_since_flush += steps
         if self._steps_since_flush >= self.flush_every:
             self.drain()
 
