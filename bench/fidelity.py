@@ -1,6 +1,6 @@
 """Held-out fidelity of the calibrated simulator: calibrate on one engine run, predict another.
 
-Each repeat records two CPU engine runs with the built-in model: a training run (Poisson arrivals,
+Each repeat records two CPU engine runs with the built-in model: a training run (on/off arrivals,
 short prompts) and a held-out run of another arrival process and other lengths (bursty gamma arrivals,
 longer prompts and lognormal outputs). `sim calibrate` fits the training run; `sim replay` predicts the
 held-out run from its arrivals with `--samples N` (seeded residual draws). Printed, medians over repeats:
@@ -37,11 +37,14 @@ sys.path.insert(0, str(ROOT))
 # The training run should span the batch shapes the held-out run reaches, so that the calibration only
 # interpolates (sim replay warns when it does not): the held-out bursts batch up to ~2.5k prefill tokens
 # in one step, so the training prompts reach 2.5k tokens too. Extrapolating the quadratic attention term
-# past the fitted range overpredicted those steps by 35-130% and TTFT p90 by 34-40%.
+# past the fitted range overpredicted those steps by 35-130% and TTFT p90 by 34-40%. Likewise for batch
+# width: its gamma bursts run up to 10 sequences at once, which Poisson arrivals at the same mean rate
+# never reached (5-7): the per-sequence term, inflated by slow spells, was extrapolated to 2x the steps'
+# measured time. On/off arrivals (bursts of ~12 in one second, then quiet) span 1-17 sequences.
 TRAIN = """name: fidelity-train
 seed: 21
 num_requests: 70
-arrival: {process: poisson, rate: 0.8}
+arrival: {process: onoff, rate: 12.0, on: 1.0, off: 14.0}
 prompt_tokens: {dist: lognormal, median: 128, sigma: 1.1, min: 16, max: 2560}
 output_tokens: {dist: uniform, min: 16, max: 128}
 """
