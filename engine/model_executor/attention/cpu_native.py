@@ -22,6 +22,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -93,7 +94,7 @@ def _build(cc: str, flags: tuple[str, ...], target: Path) -> bool:
             os.unlink(tmp)
 
 
-def _bind(path: Path) -> ctypes._CFuncPtr | None:
+def _bind(path: Path) -> Callable[..., int] | None:
     try:
         lib = ctypes.CDLL(str(path))
         if lib.stepscope_paged_decode_abi() != ABI_VERSION:
@@ -109,7 +110,7 @@ def _bind(path: Path) -> ctypes._CFuncPtr | None:
 
 
 @functools.cache
-def load() -> ctypes._CFuncPtr | None:
+def load() -> Callable[..., int] | None:
     """The kernel's entry point, built on first use; None when it cannot be had here (see module doc)."""
     if not enabled():
         return None

@@ -38,12 +38,6 @@ static inline float exp_nonpositive(float x) {
     return p * scale.f;
 }
 
-/* Ask for the cache lines of `bytes` bytes at p ahead of use: a context's blocks lie anywhere in the
- * cache, so the hardware prefetcher loses the stream at every block boundary. */
-static inline void prefetch_rows(const float *p, int64_t bytes) {
-    for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch((const char *)p + off, 0, 1);
-}
-
 /* 16 floats: the compiler lowers it to one AVX-512 register, two AVX ones, or four NEON ones. */
 typedef float vf __attribute__((vector_size(64)));
 #define VL 16
@@ -151,16 +145,13 @@ static void decode_item(const float *q, const float *k_cache, const float *v_cac
     const int64_t row_stride = (int64_t)num_kv_heads * head_size;
     const int64_t block_stride = (int64_t)block_size * row_stride;
     const int num_blocks = (seq_len + block_size - 1) / block_size;
-    /* The part of a row this item reads: its kv heads' vectors, side by side. */
-    const int64_t item_off = (int64_t)kv_first * head_size, item_bytes = sizeof(float) * kv_count * head_size;
+    /* The part of a row this item reads starts at its first kv head's vector. No software prefetch of the
+     * next block: asking for it a block ahead measured 5-8 % slower than leaving it to the hardware. */
+    const int64_t item_off = (int64_t)kv_first * head_size;
     /* Pass 1: scores[h][t] = scale * q_h . k_t, a block at a time. */
     for (int b = 0; b < num_blocks; b++) {
         const float *kblock = k_cache + table[b] * block_stride + item_off;
         const int t0 = b * block_size, rows = seq_len - t0 < block_size ? seq_len - t0 : block_size;
-        if (b + 1 < num_blocks) {
-            const float *next = k_cache + table[b + 1] * block_stride + item_off;
-            for (int r = 0; r < block_size; r++) prefetch_rows(next + r * row_stride, item_bytes);
-        }
         for (int hi = 0; hi < h_count; hi++)
             score_rows_any(q + (int64_t)(h_first + hi) * head_size, kblock + (int64_t)(hi / group) * head_size,
                            row_stride, rows, head_size, scale, scores + (int64_t)hi * seq_len + t0);
@@ -184,10 +175,6 @@ static void decode_item(const float *q, const float *k_cache, const float *v_cac
     for (int b = 0; b < num_blocks; b++) {
         const float *vblock = v_cache + table[b] * block_stride + item_off;
         const int t0 = b * block_size, rows = seq_len - t0 < block_size ? seq_len - t0 : block_size;
-        if (b + 1 < num_blocks) {
-            const float *next = v_cache + table[b + 1] * block_stride + item_off;
-            for (int r = 0; r < block_size; r++) prefetch_rows(next + r * row_stride, item_bytes);
-        }
         for (int hi = 0; hi < h_count; hi++)
             weigh_rows_any(scores + (int64_t)hi * seq_len + t0, vblock + (int64_t)(hi / group) * head_size,
                            row_stride, rows, head_size, acc + (int64_t)hi * head_size);
