@@ -166,8 +166,10 @@ def case_vllm(args, hf_config, model_dir) -> None:
     ours_llm = build_engine(args, args.threads)
     ours, theirs, ratios, cpu_ratios = [], [], [], []
     for i in range(args.repeats):
+        cpu_cases.settle()  # vLLM's engine core spins for about a second after each of its runs
         tok_s, cpu_tok_s, our_out = run_engine(ours_llm, prompts, outs)
         ours.append((tok_s, cpu_tok_s))
+        cpu_cases.settle()
         tok_s, cpu_tok_s, their_out = theirs_llm.generate(prompts, outs)
         theirs.append((tok_s, cpu_tok_s))
         ratios.append(ours[-1][0] / tok_s)

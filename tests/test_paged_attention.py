@@ -164,7 +164,7 @@ def test_backend_lookup_resolves_auto_and_rejects_unknown_names():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_many_decodes_of_ragged_lengths_span_several_decode_groups(dtype):
-    # float32 takes the CPU in-place decode (cpu_decode), float64 the gathered groups
+    # float32 takes the C decode kernel (cpu_native), float64 the gathered groups
     from engine.model_executor.attention.torch_backend import DECODE_GROUP
 
     num = 2 * DECODE_GROUP + 3

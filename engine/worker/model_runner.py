@@ -111,7 +111,14 @@ class ModelRunner:
 
     @torch.inference_mode()
     def warm_up(self) -> None:
-        """Run a tiny paged step through block 0 (the null block, never read for real requests)."""
+        """Run a tiny paged step through block 0 (the null block, never read for real requests).
+
+        On a CPU the C decode kernel is loaded here too (built, the first time on this machine, in about
+        a second), so no decode step of a run pays for it."""
+        if self.device.type == "cpu" and self.dtype == torch.float32:
+            from engine.model_executor.attention import cpu_native
+
+            cpu_native.load()
         n = min(4, self.block_size)
         state = CachedRequestState("warmup", [0] * n, n, _PROFILE_PARAMS, [0], 0, None, None)
         batch = build_batch([state], [n], self.block_size)

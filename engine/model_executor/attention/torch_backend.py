@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from engine.model_executor.attention import cpu_decode
+from engine.model_executor.attention import cpu_decode, cpu_native
 from engine.model_executor.forward_context import AttentionMetadata
 
 
@@ -124,16 +124,18 @@ def forward(
     n = meta.num_actual_tokens
     reshape_and_cache(k[:n], v[:n], kv_cache, meta.slot_mapping[:n])
     nd = meta.num_decodes
-    if nd == meta.num_seqs == q.shape[0] and cpu_decode.supports(kv_cache):
-        # Only decodes and no padding rows: the decode kernel's output is the whole answer.
-        assert meta.num_decode_tokens == nd, "decode sequences must have query length 1"
+    assert meta.num_decode_tokens == nd, "decode sequences must have query length 1"
+    only_decodes = nd == meta.num_seqs == q.shape[0]
+    native = nd > 0 and cpu_native.supports(q, kv_cache)
+    if only_decodes and not native and cpu_decode.supports(kv_cache):
+        # No padding rows: the torch decode path's output is the whole answer.
         return cpu_decode.paged_decode(q, kv_cache, _decode_index(meta, kv_cache, q.shape[1]), scale)
-    out = torch.zeros_like(q)
-    if nd and cpu_decode.supports(kv_cache):
-        assert meta.num_decode_tokens == nd, "decode sequences must have query length 1"
+    out = torch.empty_like(q) if only_decodes else torch.zeros_like(q)
+    if native:
+        cpu_native.paged_decode(q[:nd], kv_cache, meta.block_tables, meta.seq_lens, scale, out[:nd])
+    elif nd and cpu_decode.supports(kv_cache):
         out[:nd] = cpu_decode.paged_decode(q[:nd], kv_cache, _decode_index(meta, kv_cache, q.shape[1]), scale)
     elif nd:
-        assert meta.num_decode_tokens == nd, "decode sequences must have query length 1"
         # Contiguous groups, each padded only to its own longest context: with decodes ordered by
         # length (the runner does this) padding, and so wasted attention work, stays small.
         lens = meta.seq_lens_cpu
