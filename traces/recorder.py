@@ -5,14 +5,13 @@ Rows are kept as columns (one list per column, extended per step) and handed to 
 a simulated step costs microseconds, and a dict per decision row was a large share of them."""
 from __future__ import annotations
 
-from itertools import chain
 from typing import Any
 
 from engine.core.outputs import EngineCoreOutputs
 from engine.core.request import Request
 from engine.core.sched_output import SchedulerOutput
 from engine.core.scheduler import Scheduler
-from traces.runs import RunSpec
+from traces.runs import GridSpec
 from traces.schema import BLOCK_EVENT_COLUMNS, DECISION_COLUMNS, OPTIONAL_COLUMNS, STEP_COLUMNS, TABLES
 from traces.writer import TraceWriter
 
@@ -22,11 +21,12 @@ TRACE_LEVELS = ("full", "steps", "none")
 _NO_BLOCKS: tuple[int, ...] = ()
 _NO_STOP = (None, None, None, None)
 _STEP_ROW = STEP_COLUMNS + OPTIONAL_COLUMNS["steps"]  # a steps row tuple's fields
-# The common step, every running request decoding one token, as one run of decision rows per step or per
-# decode run of steps (sim.decode_runs): (position, count, steps, request ids, computed counts, new block ids).
-DECODE_RUN = RunSpec(per_run=(), per_row=("step", "request_id", "num_computed_tokens", "blocks_gained"),
-                     constants={"event": "schedule", "num_tokens": 1, "phase": "decode", "prefix_hit_tokens": 0,
-                                "blocks_freed": _NO_BLOCKS})
+# The common step, every running request decoding one token, as one grid run of decision rows per step or
+# per decode run of steps (sim.decode_runs): (position, count, first step, n, request ids, computed counts
+# at the first step, {row: new block ids}).
+DECODE_RUN = GridSpec(step="step", per_seat="request_id", counting="num_computed_tokens", sparse="blocks_gained",
+                      constants={"event": "schedule", "num_tokens": 1, "phase": "decode", "prefix_hit_tokens": 0,
+                                 "blocks_freed": _NO_BLOCKS})
 
 
 def _t(value: float | None, t0: float) -> float | None:
@@ -207,7 +207,8 @@ class TraceRecorder:
         d = self._decisions
         n = len(rids)
         if self._decode_runs is not None:
-            self._decode_runs.append((len(d["step"]), n, [step] * n, rids, computed, block_ids))
+            gained = {i: ids for i, ids in enumerate(block_ids) if ids}
+            self._decode_runs.append((len(d["step"]), n, step, n, rids, computed, gained))
             return
         consts = self._decode_consts.get(n)
         if consts is None:
@@ -250,13 +251,8 @@ class TraceRecorder:
         writer = self.writer
         if self._full:
             d = self._decisions
-            if self._decode_runs is not None:  # one run entry for all k steps: lists built a step at a time in C
-                blocks = [_NO_BLOCKS] * (n * k)
-                for row, ids in gained.items():
-                    blocks[row] = ids
-                steps = list(chain.from_iterable([s] * n for s in range(step0, step0 + k)))
-                computed = list(chain.from_iterable([c + j for c in computed0] for j in range(k)))
-                self._decode_runs.append((len(d["step"]), n * k, steps, rids * k, computed, blocks))
+            if self._decode_runs is not None:  # one grid entry for all k steps: no list of its rows
+                self._decode_runs.append((len(d["step"]), n * k, step0, n, rids, computed0, gained))
             else:
                 for j in range(k):
                     blocks = [gained.get(j * n + i, _NO_BLOCKS) for i in range(n)]
