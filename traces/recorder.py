@@ -11,7 +11,7 @@ from engine.core.outputs import EngineCoreOutputs
 from engine.core.request import Request
 from engine.core.sched_output import SchedulerOutput
 from engine.core.scheduler import Scheduler
-from traces.runs import GridSpec
+from traces.runs import GridSpec, RunSpec
 from traces.schema import BLOCK_EVENT_COLUMNS, DECISION_COLUMNS, OPTIONAL_COLUMNS, STEP_COLUMNS, TABLES
 from traces.writer import TraceWriter
 
@@ -74,6 +74,14 @@ class TraceRecorder:
         # Arrow stream), else its rows appended from these lists that do not depend on the step.
         run_buffer = getattr(writer, "run_buffer", None) if self._direct else None
         self._decode_runs = run_buffer("decisions", DECODE_RUN) if run_buffer is not None else None
+        # A decode run's steps rows, as one run entry: (position, k, n, n, n, steps, starts, ends, blocks
+        # used, the three phases); every other column is the same in each of its steps.
+        self._step_runs = run_buffer("steps", RunSpec(
+            per_run=("num_decode_tokens", "num_scheduled_tokens", "num_running"),
+            per_row=("step", "start", "end", "kv_blocks_used", "schedule_time", "execute_time", "sample_time"),
+            constants={"num_prefill_tokens": 0, "num_waiting": 0, "num_preempted": 0, "prefix_hit_tokens": 0,
+                       "kv_blocks_total": self._num_usable_blocks, "num_new_reqs": 0, "num_finished": 0},
+        )) if run_buffer is not None else None
         self._decode_consts: dict[int, tuple[list, ...]] = {}
         self.set_trace_level(trace_level)
 
@@ -257,7 +265,13 @@ class TraceRecorder:
                 for j in range(k):
                     blocks = [gained.get(j * n + i, _NO_BLOCKS) for i in range(n)]
                     self._decode_rows(step0 + j, rids, [c + j for c in computed0], blocks)
-        if self._steps:
+        if self._steps and self._step_runs is not None:
+            t0 = self.t0
+            if t0:
+                starts, ends = [s - t0 for s in starts], [e - t0 for e in ends]
+            self._step_runs.append((len(self._step_rows), k, n, n, n, range(step0, step0 + k), starts, ends, used,
+                                    *zip(*phases)))
+        elif self._steps:
             t0, num_usable = self.t0, self._num_usable_blocks
             rows = self._step_rows
             for j in range(k):
