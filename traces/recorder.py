@@ -248,10 +248,12 @@ class TraceRecorder:
                 self.writer.write_rows("block_snapshots", self.block_snapshot(step))
 
     def on_decode_run(self, rids: list[str], computed0: list[int], starts: list[float], ends: list[float],
-                      phases: list[tuple[float, float, float]], used: list[int], gained: dict[int, list[int]]) -> None:
+                      phases: tuple[list[float], list[float], list[float]], used: list[int],
+                      gained: dict[int, list[int]]) -> None:
         """Record the steps of a decode run: every request of `rids` decodes one token per step, from
-        `computed0` computed tokens; step j ran `starts[j]`..`ends[j]` with the phases `phases[j]` and
-        `used[j]` blocks held; `gained[j * len(rids) + i]` are the blocks request i gained in step j.
+        `computed0` computed tokens; step j ran `starts[j]`..`ends[j]`, its schedule, execute and sample
+        times `phases[0][j]`, `phases[1][j]`, `phases[2][j]`, with `used[j]` blocks held;
+        `gained[j * len(rids) + i]` are the blocks request i gained in step j.
         The rows are those `on_step` writes for such steps (steps table, decisions), built at once."""
         step0, k, n = self.step, len(starts), len(rids)
         if not k:
@@ -270,12 +272,11 @@ class TraceRecorder:
             if t0:
                 starts, ends = [s - t0 for s in starts], [e - t0 for e in ends]
             self._step_runs.append((len(self._step_rows), k, n, n, n, range(step0, step0 + k), starts, ends, used,
-                                    *zip(*phases)))
+                                    *phases))
         elif self._steps:
             t0, num_usable = self.t0, self._num_usable_blocks
             rows = self._step_rows
-            for j in range(k):
-                schedule_time, execute_time, sample_time = phases[j]
+            for j, schedule_time, execute_time, sample_time in zip(range(k), *phases):
                 rows.append((step0 + j, starts[j] - t0, ends[j] - t0, 0, n, n, n, 0, 0, used[j], num_usable, 0, 0, 0,
                              schedule_time, execute_time, sample_time, None, None, None, None))
         if not self._direct:
