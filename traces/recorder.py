@@ -5,6 +5,7 @@ Rows are kept as columns (one list per column, extended per step) and handed to 
 a simulated step costs microseconds, and a dict per decision row was a large share of them."""
 from __future__ import annotations
 
+from itertools import chain, repeat
 from typing import Any
 
 from engine.core.outputs import EngineCoreOutputs
@@ -69,6 +70,10 @@ class TraceRecorder:
         self._step_rows: list[tuple] = writer.row_buffer("steps") if self._direct else []
         self._event_cols = [self._tables["block_events"][c] for c in BLOCK_EVENT_COLUMNS]
         self._pending_decisions: list[tuple] = []
+        # In a decode run, (step, how many of the pool's events it made) per step that made some, and
+        # how many events those steps made in all (sim.decode_runs: on_decode_step_blocks).
+        self._event_steps: list[tuple[int, int]] = []
+        self._events_marked = 0
         self._pending_requests: list[dict[str, Any]] = []
         # The common all-decode step: one run per step where the writer takes runs (a batched writer's
         # Arrow stream), else its rows appended from these lists that do not depend on the step.
@@ -239,13 +244,30 @@ class TraceRecorder:
         return not (self._pending_decisions or self._pending_requests)
 
     def on_decode_step_blocks(self, step: int) -> None:
-        """During a decode run (`sim.decode_runs`), after step `step`'s block crossings: its block events,
-        and the pool's snapshot if one is due, taken as `on_step` takes them (the run's rows come later)."""
+        """During a decode run (`sim.decode_runs`), after step `step`'s block crossings: which of the
+        pool's events are its own (they become rows with the run's, `_run_block_events`), and the pool's
+        snapshot if one is due, taken as `on_step` takes it (the run's rows come later)."""
         if self._full:
-            if self.kv.events:
-                self._block_events(step)
+            num_events = len(self.kv.events)
+            if num_events > self._events_marked:
+                self._event_steps.append((step, num_events - self._events_marked))
+                self._events_marked = num_events
             if step % self.snapshot_every == 0:
                 self.writer.write_rows("block_snapshots", self.block_snapshot(step))
+
+    def _run_block_events(self) -> None:
+        """The block events of a decode run's steps, in one pass: a run crosses blocks in most of its
+        steps, and a pass per step cost more than the events' own rows."""
+        marks = self._event_steps
+        step_col, seq, kind, rid, ids, hashes = self._event_cols
+        step_col.extend(chain.from_iterable(repeat(step, count) for step, count in marks))
+        seq.extend(chain.from_iterable(range(count) for _, count in marks))
+        events = self.kv.events  # those after the last mark (a run cut short mid-step) wait for on_step
+        for col, values in zip((kind, rid, ids, hashes), zip(*events[:self._events_marked])):
+            col.extend(values)
+        del events[:self._events_marked]
+        marks.clear()
+        self._events_marked = 0
 
     def on_decode_run(self, rids: list[str], computed0: list[int], starts: list[float], ends: list[float],
                       phases: tuple[list[float], list[float], list[float]], used: list[int],
@@ -255,6 +277,8 @@ class TraceRecorder:
         times `phases[0][j]`, `phases[1][j]`, `phases[2][j]`, with `used[j]` blocks held;
         `gained[j * len(rids) + i]` are the blocks request i gained in step j.
         The rows are those `on_step` writes for such steps (steps table, decisions), built at once."""
+        if self._event_steps:
+            self._run_block_events()
         step0, k, n = self.step, len(starts), len(rids)
         if not k:
             return
