@@ -148,8 +148,10 @@ class DecodeRuns:
         due.sort()
         kv, computed0, rids = self.kv, run.computed0, run.rids
         req_blocks, block_size, slot_limit = kv.req_to_blocks, kv.block_size, kv.slot_limit
-        need = sum(1 for i in due if computed0[i] + done + 1 > len(req_blocks[rids[i]]) * block_size)
-        if need > kv.block_pool.free_block_queue.num_free_blocks:
+        num_free = kv.block_pool.free_block_queue.num_free_blocks
+        # A decode needs at most one new block: only a pool with fewer free blocks than crossings is checked.
+        if len(due) > num_free and sum(1 for i in due if computed0[i] + done + 1
+                                       > len(req_blocks[rids[i]]) * block_size) > num_free:
             return False
         n = len(rids)
         for i in due:
