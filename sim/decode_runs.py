@@ -248,6 +248,9 @@ def _catch_up(req: Request, tokens: list[int], applied: int, upto: int) -> None:
         return
     new = tokens[applied:upto]
     req.output_token_ids.extend(new)
-    req.all_token_ids.extend(new)
-    if req.block_size:
+    all_ids = req.all_token_ids
+    all_ids.extend(new)
+    # Hashed only once a block has filled: half the calls come at a crossing that allocates a block,
+    # one step after the crossing that filled (and published) the last one.
+    if req.block_size and len(all_ids) // req.block_size > len(req.block_hashes):
         req.update_block_hashes()
