@@ -82,6 +82,19 @@ class FreeKVCacheBlockQueue:
         self._tail.prev_free_block = block
         self.num_free_blocks += 1
 
+    def append_n(self, blocks: list[KVCacheBlock]) -> None:
+        """`append` each of `blocks` in order, linked in one pass: a finished request frees all its blocks."""
+        if not blocks:
+            return
+        prev = self._tail.prev_free_block
+        for block in blocks:
+            prev.next_free_block = block
+            block.prev_free_block = prev
+            prev = block
+        prev.next_free_block = self._tail
+        self._tail.prev_free_block = prev
+        self.num_free_blocks += len(blocks)
+
     def appendleft(self, block: KVCacheBlock) -> None:
         first = self._head.next_free_block
         self._head.next_free_block = block
@@ -202,8 +215,7 @@ class BlockPool:
         queue = self.free_block_queue
         for block in reversed(first):
             queue.appendleft(block)
-        for block in last:
-            queue.append(block)
+        queue.append_n(last)
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached hash; refused (False) while any block is held, as vLLM does."""
