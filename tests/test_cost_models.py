@@ -206,6 +206,14 @@ def test_step_time_grows_with_context_tokens():
     assert times[0] < times[1] < times[2]
 
 
+@pytest.mark.parametrize("model,hardware", [("llama-3.1-8b", "h200"), ("qwen3-0.6b", "l4"), ("qwen2.5-7b", "a100")])
+def test_decode_step_times_are_step_time_of_each_decode_step_to_the_bit(model, hardware):
+    cm = RooflineCostModel.from_args(model=model, hardware=hardware)
+    for n, context in [(1, 5), (7, 12_345), (256, 3_000_000)]:
+        expected = [cm.step_time(StepBatch(0, n, 0, n, context + n * j, 0.0), j) for j in range(200)]
+        assert cm.decode_step_times(n, context, 200) == expected
+
+
 def test_h100_is_slower_than_h200_for_decode():
     batch = _batch(*[(1, 500, True)] * 32)
     h100, h200 = (RooflineCostModel.from_args(model="llama-3.1-8b", hardware=h) for h in ("h100", "h200"))

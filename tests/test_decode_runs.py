@@ -7,6 +7,7 @@ import pytest
 
 from engine.core.config import CacheConfig, SchedulerConfig
 from sim.batch import StepBatch
+from sim.cost_models.roofline import RooflineCostModel
 from sim.loop import Simulator
 from sim.sources import open_source
 from workloads import DEFAULT_WORKLOAD
@@ -26,9 +27,10 @@ class ContextCost:
         return {}
 
 
-def _replay(out, source, sched, cache, decode_runs, trace_level="full", snapshot_every=None, time_scale=0.3):
+def _replay(out, source, sched, cache, decode_runs, trace_level="full", snapshot_every=None, time_scale=0.3,
+            cost=None):
     src = open_source(str(source), limit=60, time_scale=time_scale)
-    sim = Simulator(sched, cache, ContextCost(), out, trace_level=trace_level, decode_runs=decode_runs,
+    sim = Simulator(sched, cache, cost or ContextCost(), out, trace_level=trace_level, decode_runs=decode_runs,
                     snapshot_every=snapshot_every)
     result = sim.run(src.requests, external_finishes=src.external_finishes)
     tables = {t: pq.read_table(out / f"{t}.parquet") for t in TABLES if (out / f"{t}.parquet").exists()}
@@ -52,6 +54,18 @@ def test_runs_write_the_step_by_step_trace(tmp_path, prefix_caching, time_scale)
     cache = CacheConfig(block_size=16, num_gpu_blocks=400, enable_prefix_caching=prefix_caching)
     sim = _assert_same_trace(tmp_path, DEFAULT_WORKLOAD, sched, cache, snapshot_every=50, time_scale=time_scale)
     assert sim.decode_runs.num_steps > 0
+
+
+@pytest.mark.parametrize("num_gpu_blocks,time_scale", [(400, 0.3), (400, 3.0), (90, 0.3)])
+def test_runs_timed_at_once_write_the_step_by_step_trace(tmp_path, num_gpu_blocks, time_scale):
+    """The roofline times a run's steps in one call (decode_step_times): the run visits only its block
+    crossings and snapshots, and stops where the pool runs short (90 blocks: preemptions)."""
+    sched = SchedulerConfig(max_model_len=4096, max_num_seqs=16, max_num_batched_tokens=256)
+    cache = CacheConfig(block_size=16, num_gpu_blocks=num_gpu_blocks)
+    roofline = RooflineCostModel.from_args(model="llama-3.1-8b", hardware="l4")
+    sim = _assert_same_trace(tmp_path, DEFAULT_WORKLOAD, sched, cache, snapshot_every=50, time_scale=time_scale,
+                             cost=roofline)
+    assert sim.decode_runs._step_times is not None and sim.decode_runs.num_steps > 0
 
 
 def test_most_steps_of_a_decode_heavy_replay_go_through_runs(tmp_path):

@@ -85,6 +85,23 @@ def test_free_queue_eviction_order():
     assert order == [ids[2]] + untouched + [ids[1], ids[0]]
 
 
+@given(st.lists(st.integers(1, 9), unique=True), st.lists(st.integers(10, 19), unique=True))
+def test_append_n_links_blocks_as_appending_them_one_by_one(taken, returned):
+    """A freed request's cached blocks go to the LRU tail in one pass (append_n): the same queue."""
+    from engine.core.block_pool import FreeKVCacheBlockQueue, KVCacheBlock
+
+    def queue_after(append_all):
+        blocks = [KVCacheBlock(i) for i in range(20)]
+        queue = FreeKVCacheBlockQueue(blocks)
+        for i in taken + returned:
+            queue.remove(blocks[i])
+        append_all(queue, [blocks[i] for i in returned])
+        return [b.block_id for b in queue.get_all_free_blocks()], queue.num_free_blocks
+
+    one_by_one = queue_after(lambda q, bs: [q.append(b) for b in bs])
+    assert queue_after(lambda q, bs: q.append_n(bs)) == one_by_one
+
+
 def test_reused_block_loses_its_stale_hash():
     kv = _manager(num_blocks=4)  # 3 usable blocks
     a = _req("a", list(range(100, 109)))

@@ -11,7 +11,7 @@ from engine.core.config import CacheConfig, SchedulerConfig
 from sim.loop import Simulator
 from sim.sources import open_source
 from traces.arrowstream import _token_lists
-from traces.runs import RunSpec, merge_runs, runs_batch
+from traces.runs import GridSpec, RunSpec, merge_runs, runs_batch
 from traces.writer import TraceWriter
 from workloads import DEFAULT_WORKLOAD
 from sim_helpers import FixedCost
@@ -60,6 +60,29 @@ def test_runs_merge_into_the_buffered_rows_at_their_positions(events):
     assert merged.to_pylist() == _plain_rows(events)
 
 
+
+
+GRID_SCHEMA = pa.schema([("step", pa.int64()), ("request_id", pa.large_string()), ("computed", pa.float64()),
+                         ("blocks", pa.list_(pa.int64())), ("event", pa.large_string()), ("note", pa.large_string())])
+GRID = GridSpec(step="step", per_seat="request_id", counting="computed", sparse="blocks",
+                constants={"event": "schedule"})
+grid_run = st.tuples(st.integers(0, 99), st.integers(1, 5), st.integers(1, 4)).flatmap(
+    lambda t: st.tuples(st.just(t[0]), st.just(t[1]), st.lists(st.text(max_size=3), min_size=t[2], max_size=t[2]),
+                        st.lists(st.integers(0, 999), min_size=t[2], max_size=t[2]),
+                        st.dictionaries(st.integers(0, t[1] * t[2] - 1), st.lists(st.integers(0, 99), max_size=3))))
+
+
+@given(st.lists(grid_run, min_size=1, max_size=5))
+def test_grid_runs_are_their_steps_by_seats_rows(grids):
+    """Row j * n + i of a grid run: step first + j, seat i's value, seat i's count + j, its sparse list."""
+    runs, expected = [], []
+    for first, k, rids, counts, sparse in grids:
+        n = len(rids)
+        runs.append((0, n * k, first, n, rids, counts, dict(sorted(sparse.items()))))
+        expected += [{"step": first + j, "request_id": rids[i], "computed": float(counts[i] + j),
+                      "blocks": sparse.get(j * n + i, []), "event": "schedule", "note": None}
+                     for j in range(k) for i in range(n)]
+    assert GRID.batch(runs, GRID_SCHEMA).to_pylist() == expected
 
 
 @pytest.mark.parametrize("async_scheduling", [False, True])

@@ -5,14 +5,13 @@ Rows are kept as columns (one list per column, extended per step) and handed to 
 a simulated step costs microseconds, and a dict per decision row was a large share of them."""
 from __future__ import annotations
 
-from itertools import chain
 from typing import Any
 
 from engine.core.outputs import EngineCoreOutputs
 from engine.core.request import Request
 from engine.core.sched_output import SchedulerOutput
 from engine.core.scheduler import Scheduler
-from traces.runs import RunSpec
+from traces.decode_rows import DecodeRunRows
 from traces.schema import BLOCK_EVENT_COLUMNS, DECISION_COLUMNS, OPTIONAL_COLUMNS, STEP_COLUMNS, TABLES
 from traces.writer import TraceWriter
 
@@ -22,13 +21,6 @@ TRACE_LEVELS = ("full", "steps", "none")
 _NO_BLOCKS: tuple[int, ...] = ()
 _NO_STOP = (None, None, None, None)
 _STEP_ROW = STEP_COLUMNS + OPTIONAL_COLUMNS["steps"]  # a steps row tuple's fields
-# The common step, every running request decoding one token, as one run of decision rows per step or per
-# decode run of steps (sim.decode_runs): (position, count, steps, request ids, computed counts, new block ids).
-DECODE_RUN = RunSpec(per_run=(), per_row=("step", "request_id", "num_computed_tokens", "blocks_gained"),
-                     constants={"event": "schedule", "num_tokens": 1, "phase": "decode", "prefix_hit_tokens": 0,
-                                "blocks_freed": _NO_BLOCKS})
-
-
 def _t(value: float | None, t0: float) -> float | None:
     return None if value is None else value - t0
 
@@ -43,7 +35,7 @@ def _set_on_last_row(cols: dict[str, list[Any]], values: dict[str, Any]) -> None
         col.append(v)
 
 
-class TraceRecorder:
+class TraceRecorder(DecodeRunRows):
     """Call `on_add` for every request, `on_step` after every step, `on_abort` for aborts, `close` at the end."""
 
     def __init__(self, writer: TraceWriter, scheduler: Scheduler, t0: float = 0.0,
@@ -70,11 +62,8 @@ class TraceRecorder:
         self._event_cols = [self._tables["block_events"][c] for c in BLOCK_EVENT_COLUMNS]
         self._pending_decisions: list[tuple] = []
         self._pending_requests: list[dict[str, Any]] = []
-        # The common all-decode step: one run per step where the writer takes runs (a batched writer's
-        # Arrow stream), else its rows appended from these lists that do not depend on the step.
         run_buffer = getattr(writer, "run_buffer", None) if self._direct else None
-        self._decode_runs = run_buffer("decisions", DECODE_RUN) if run_buffer is not None else None
-        self._decode_consts: dict[int, tuple[list, ...]] = {}
+        self._init_decode_rows(run_buffer)
         self.set_trace_level(trace_level)
 
     def set_trace_level(self, level: str) -> None:
@@ -202,80 +191,9 @@ class TraceRecorder:
         d["blocks_freed"].extend([_NO_BLOCKS] * n)
         d["finish_reason"].extend([None] * n)
 
-    def _decode_rows(self, step: int, rids: list[str], computed: list[int], block_ids: list) -> None:
-        """The schedule rows of a step in which every scheduled request decodes one token."""
-        d = self._decisions
-        n = len(rids)
-        if self._decode_runs is not None:
-            self._decode_runs.append((len(d["step"]), n, [step] * n, rids, computed, block_ids))
-            return
-        consts = self._decode_consts.get(n)
-        if consts is None:
-            consts = self._decode_consts[n] = (["schedule"] * n, [1] * n, ["decode"] * n, [0] * n,
-                                               [_NO_BLOCKS] * n, [None] * n)
-        schedule, ones, phase, zeros, no_blocks, nones = consts
-        d["step"].extend([step] * n)
-        d["request_id"].extend(rids)
-        d["event"].extend(schedule)
-        d["num_tokens"].extend(ones)
-        d["phase"].extend(phase)
-        d["num_computed_tokens"].extend(computed)
-        d["prefix_hit_tokens"].extend(zeros)
-        d["blocks_gained"].extend(block_ids)
-        d["blocks_freed"].extend(no_blocks)
-        d["finish_reason"].extend(nones)
-
     def is_between_steps(self) -> bool:
         """Nothing recorded between steps waits for the next step's rows (rejections, aborts)."""
         return not (self._pending_decisions or self._pending_requests)
-
-    def on_decode_step_blocks(self, step: int) -> None:
-        """During a decode run (`sim.decode_runs`), after step `step`'s block crossings: its block events,
-        and the pool's snapshot if one is due, taken as `on_step` takes them (the run's rows come later)."""
-        if self._full:
-            if self.kv.events:
-                self._block_events(step)
-            if step % self.snapshot_every == 0:
-                self.writer.write_rows("block_snapshots", self.block_snapshot(step))
-
-    def on_decode_run(self, rids: list[str], computed0: list[int], starts: list[float], ends: list[float],
-                      phases: list[tuple[float, float, float]], used: list[int], gained: dict[int, list[int]]) -> None:
-        """Record the steps of a decode run: every request of `rids` decodes one token per step, from
-        `computed0` computed tokens; step j ran `starts[j]`..`ends[j]` with the phases `phases[j]` and
-        `used[j]` blocks held; `gained[j * len(rids) + i]` are the blocks request i gained in step j.
-        The rows are those `on_step` writes for such steps (steps table, decisions), built at once."""
-        step0, k, n = self.step, len(starts), len(rids)
-        if not k:
-            return
-        writer = self.writer
-        if self._full:
-            d = self._decisions
-            if self._decode_runs is not None:  # one run entry for all k steps: lists built a step at a time in C
-                blocks = [_NO_BLOCKS] * (n * k)
-                for row, ids in gained.items():
-                    blocks[row] = ids
-                steps = list(chain.from_iterable([s] * n for s in range(step0, step0 + k)))
-                computed = list(chain.from_iterable([c + j for c in computed0] for j in range(k)))
-                self._decode_runs.append((len(d["step"]), n * k, steps, rids * k, computed, blocks))
-            else:
-                for j in range(k):
-                    blocks = [gained.get(j * n + i, _NO_BLOCKS) for i in range(n)]
-                    self._decode_rows(step0 + j, rids, [c + j for c in computed0], blocks)
-        if self._steps:
-            t0, num_usable = self.t0, self._num_usable_blocks
-            rows = self._step_rows
-            for j in range(k):
-                schedule_time, execute_time, sample_time = phases[j]
-                rows.append((step0 + j, starts[j] - t0, ends[j] - t0, 0, n, n, n, 0, 0, used[j], num_usable, 0, 0, 0,
-                             schedule_time, execute_time, sample_time, None, None, None, None))
-        if not self._direct:
-            self._rows_to_writer()
-        if self._decode_runs is not None:  # a TraceWriter: one call counts the run's steps
-            writer.flush(k)
-        else:
-            for _ in range(k):
-                writer.flush()
-        self.step += k
 
     def _decision(self, step: int, rid: str, event: str, freed: list[int] | None, reason: str | None) -> None:
         """A row that schedules nothing: preempt, finish, abort or reject."""

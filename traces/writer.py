@@ -16,7 +16,7 @@ from typing import Any, BinaryIO
 import orjson
 
 from traces.arrowstream import arrow_stream_file, arrow_stream_to_parquet, to_batch
-from traces.runs import RunSpec, merge_runs, runs_batch
+from traces.runs import GridSpec, RunSpec, merge_runs
 from traces.schema import FORMAT_VERSION, META_FILE, OPTIONAL_COLUMNS, TABLES, TEMP_SUFFIX, arrow_schema, parquet_file, stream_file
 
 _OPTIONS = orjson.OPT_SERIALIZE_NUMPY  # numpy scalars from cost models and tables are plain numbers here
@@ -104,7 +104,7 @@ class TraceWriter:
         table, a row per simulated step). Rows here come after the ones appended to `buffer(table)`."""
         return self._rows.setdefault(table, [])
 
-    def run_buffer(self, table: str, spec: RunSpec) -> list[tuple] | None:
+    def run_buffer(self, table: str, spec: RunSpec | GridSpec) -> list[tuple] | None:
         """The table's pending row runs (`traces.runs`), for a caller to append to; None where the
         stream is JSON lines (one step per flush: nothing to gain). Runs go out with the buffered rows,
         each at its position among them."""
@@ -146,7 +146,7 @@ class TraceWriter:
                 sink, stream, schema = self._streams[table]
                 batch = to_batch(cols, schema) if n else None
                 if runs:
-                    batch = merge_runs(batch, runs_batch(spec, runs, schema), [r[0] for r in runs],
+                    batch = merge_runs(batch, spec.batch(runs, schema), [r[0] for r in runs],
                                        [r[1] for r in runs])
                     runs.clear()
                 stream.write_batch(batch)

@@ -82,6 +82,19 @@ class FreeKVCacheBlockQueue:
         self._tail.prev_free_block = block
         self.num_free_blocks += 1
 
+    def append_n(self, blocks: list[KVCacheBlock]) -> None:
+        """`append` each of `blocks` in order, linked in one pass: a finished request frees all its blocks."""
+        if not blocks:
+            return
+        prev = self._tail.prev_free_block
+        for block in blocks:
+            prev.next_free_block = block
+            block.prev_free_block = prev
+            prev = block
+        prev.next_free_block = self._tail
+        self._tail.prev_free_block = prev
+        self.num_free_blocks += len(blocks)
+
     def appendleft(self, block: KVCacheBlock) -> None:
         first = self._head.next_free_block
         self._head.next_free_block = block
@@ -157,11 +170,19 @@ class BlockPool:
     def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
         """Pop blocks off the front of the free queue, evicting any stale cached hash they carry."""
         blocks = self.free_block_queue.popleft_n(num_blocks)
+        table = self.cached_block_hash_to_block
+        evicted = 0
         for block in blocks:
-            if block.block_hash is not None:
-                self.uncache(block)
-                self.num_evictions += 1
+            h = block.block_hash
+            if h is not None:
+                evicted += 1
+                if table.get(h) is block:  # the only block under its hash (`uncache`'s common case, inline)
+                    del table[h]
+                    block.block_hash = None
+                else:
+                    self.uncache(block)
             block.ref_cnt = 1
+        self.num_evictions += evicted
         return blocks
 
     def uncache(self, block: KVCacheBlock) -> None:
@@ -202,8 +223,7 @@ class BlockPool:
         queue = self.free_block_queue
         for block in reversed(first):
             queue.appendleft(block)
-        for block in last:
-            queue.append(block)
+        queue.append_n(last)
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached hash; refused (False) while any block is held, as vLLM does."""

@@ -247,6 +247,27 @@ class RooflineCostModel:
         memory = (moved + kv_per_token * (batch.context_tokens + num_tokens)) / eff_bw
         return (compute if compute >= memory else memory) + hw.step_overhead + hw.seq_overhead * num_seqs
 
+    def decode_step_times(self, num_seqs: int, context_tokens: int, count: int) -> list[float]:
+        """`step_time` of `count` consecutive decode-only steps of `num_seqs` requests, the first reading
+        `context_tokens` of context and each next one `num_seqs` more: a decode run (sim.decode_runs)
+        times its steps in one call, with no StepBatch per step. The operations of `step_time` in its
+        order (what does not change from step to step taken once), so the same bits."""
+        hw, shape = self.hardware, self.shape
+        c = self._constants
+        if c[0] is not shape or c[1] is not hw:
+            c = self._constants = self._derive_constants()
+        _, _, per_token, per_seq, per_pair, eff_flops, weights, kv_per_token, eff_bw = c
+        n = num_seqs
+        fixed_flops = per_token * n + per_seq * n
+        moved = weights if weights is not None else shape.weight_read_bytes(n)
+        step_overhead, seq_overhead = hw.step_overhead, hw.seq_overhead * n
+        times = []
+        for context in range(context_tokens, context_tokens + n * count, n):
+            compute = (fixed_flops + per_pair * context) / eff_flops
+            memory = (moved + kv_per_token * (context + n)) / eff_bw
+            times.append((compute if compute >= memory else memory) + step_overhead + seq_overhead)
+        return times
+
     def _derive_constants(self) -> tuple:
         """(shape, hardware, then the factors of ModelShape.flops / bytes_moved); the weight bytes only
         for a dense model, where they do not depend on the batch."""
