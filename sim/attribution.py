@@ -75,14 +75,14 @@ def predicted_parts(a: Any, b: Any) -> dict[str, np.ndarray] | None:
     from sim.calibrate import _batches, _step_table
     from sim.cost_models.calibrated import CalibratedCostModel
 
-    model = CalibratedCostModel(cm["coefficients"], {"parts": cm.get("parts"), "first_step": cm.get("first_step")})
+    model = CalibratedCostModel(cm["coefficients"], {"parts": cm.get("parts")})
     table = _step_table(a)
     n = len(a.steps)
     out = {"device": np.zeros(n), "host": np.zeros(n), "gap": np.zeros(n)}
     index = {s: i for i, s in enumerate(a.steps.sort_values("step")["step"].to_numpy())}
     for step, batch in zip(table.index, _batches(table)):
+        p = model.step_parts(batch, 0)
         i = index[step]
-        p = model.step_parts(batch, i)
         out["device"][i], out["host"][i], out["gap"][i] = p.device, p.host, p.gap
     return out
 

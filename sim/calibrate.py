@@ -86,16 +86,11 @@ class StepSamples:
 
 
 def _fit(samples: list[StepSamples]) -> dict[str, dict[str, Any]]:
-    """Per part: the mean law's coefficients and total measured / total predicted (~1). Each run's first
-    step has a term of its own (`_first_step`), so the device law is fitted on the steps after it."""
+    """Per part: the mean law's coefficients and total measured / total predicted (all steps; ~1)."""
     batches = [b for s in samples for b in s.batches]
-    first = np.zeros(len(batches), dtype=bool)
-    first[np.cumsum([0, *(len(s.batches) for s in samples[:-1])])] = True
     out = {}
     for part in PARTS:
         x, y = part_matrix(part, batches), np.concatenate([s.y[part] for s in samples])
-        if part == "device":
-            y = np.where(first, 0.0, y)  # 0: not measured, left out of the fit
         coef = fit_mean_law(x, y)
         pred = x @ coef
         measured = (y > 0) & (pred > 0)
@@ -119,21 +114,6 @@ def _stats(laws: dict[str, dict[str, Any]], samples: list[StepSamples]) -> dict[
     gap_pred = np.where(ys["gap"] > 0, preds["gap"], 0.0)  # no gap is paid before an idle wait
     out["cycle"] = part_stats(ys["device"] + ys["host"] + ys["gap"], preds["device"] + preds["host"] + gap_pred)
     return out
-
-
-def _first_step(laws: dict[str, dict[str, Any]], samples: list[StepSamples]) -> dict[str, Any] | None:
-    """How much slower than its trace's typical step the run's first step was: on the CPU engine the first
-    step of a run measured 1-3x the median ratio to its law (10 of 10 runs above 1, median 2) while later
-    steps of the same shape were not. The simulator's first step pays this factor on top of its ratio."""
-    mean = laws["device"]["mean_ratio"]
-    factors = []
-    for s in samples:
-        r = ratios(s.y["device"], _predict(laws, "device", s.batches) / mean)
-        if s.y["device"][0] > 0 and np.median(r) > 0:
-            factors.append(float(r[0] / np.median(r)))
-    if not factors:
-        return None
-    return {"factor": float(np.median(factors)), "factors": factors}
 
 
 def _identity_warnings(traces: list[Trace], idents: list[dict[str, Any]]) -> list[str]:
@@ -176,7 +156,6 @@ def calibrate(traces: list[Trace]) -> tuple[dict[str, Any], list[str]]:
         "residuals": residual_table(table, [len(s.batches) for s in samples]),
         "fitted_range": batch_range(batches),
         "intake": fit_intake(traces),
-        "first_step": _first_step(laws, samples),
         "effective": _effective(coefficients, ident["model"]),
         "traces": [{"path": str(t.path), "source": t.source, "complete": t.complete, "num_steps": len(s.batches),
                     "model": model_label(i), "device": device_label(i)} for t, s, i in zip(traces, samples, idents)],
@@ -239,10 +218,6 @@ def report_lines(profile: dict[str, Any], output: str | None = None) -> list[str
                      f"{intake['num_wakes']} wake-ups; the run's first, cold: "
                      f"{_seconds(first) if first is not None else 'not seen'}), then "
                      f"{_seconds(intake['per_request_s'])} per request (median of {intake['num_adds']} adds)")
-    first = profile.get("first_step")
-    if first:
-        lines.append(f"first step: {first['factor']:.2f}x a typical step's time for its shape (median of "
-                     f"{len(first['factors'])} trace(s)); the replay's first step pays it")
     eff = profile.get("effective")
     if eff and "error" not in eff:
         lines.append(f"effective: {eff['flops'] / 1e9:.3g} GFLOP/s (from {eff['flops_from']}), "

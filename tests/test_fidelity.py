@@ -34,10 +34,9 @@ def device_law(b: StepBatch) -> float:
     return float(part_matrix("device", [b])[0] @ np.array([DEVICE[k] for k in DEVICE_TERMS]))
 
 
-def record_engine_like(path, seed=0, num_requests=40, noise=0.02, first_step_factor=1.0):
+def record_engine_like(path, seed=0, num_requests=40, noise=0.02):
     """A trace timed like the engine: each step's model time follows the law, host phases and the gap
-    before the next step follow their own laws, all with `noise`; requests arrive on that clock. The
-    run's first step takes `first_step_factor` times its law."""
+    before the next step follow their own laws, all with `noise`; requests arrive on that clock."""
     rng = np.random.default_rng(seed)
     now = [0.0]
     sched = Scheduler(SchedulerConfig(max_model_len=2048, max_num_seqs=8, max_num_batched_tokens=256),
@@ -59,7 +58,7 @@ def record_engine_like(path, seed=0, num_requests=40, noise=0.02, first_step_fac
         out = sched.schedule()
         b = batch_from_output(out)
         jitter = lambda: 1 + noise * rng.standard_normal()  # noqa: E731
-        device = device_law(b) * jitter() * (first_step_factor if rec.step == 0 else 1.0)
+        device = device_law(b) * jitter()
         host = (HOST[0] + HOST[1] * b.num_seqs) * jitter()
         now[0] = end = start + device + host
         ids = list(out.num_scheduled_tokens)
@@ -146,20 +145,6 @@ def test_sampled_step_times_scale_the_law_by_measured_ratios():
     b = StepBatch(num_decode_tokens=4, num_decode_seqs=4, context_tokens=400)
     assert CalibratedCostModel(DEVICE, prof).step_time(b, 0) == pytest.approx(1.5 * device_law(b))
     assert CalibratedCostModel(DEVICE, prof, seed=0).step_time(b, 0) == pytest.approx(2.0 * device_law(b))
-
-
-def test_calibrate_measures_how_much_slower_the_runs_first_step_is(tmp_path):
-    record_engine_like(tmp_path / "cold", first_step_factor=3.0)
-    profile, _ = calibrate([traces.load(tmp_path / "cold")])
-    assert profile["first_step"]["factor"] == pytest.approx(3.0, rel=0.1)
-
-
-def test_only_the_replays_first_step_pays_the_first_step_factor():
-    prof = {"parts": {"device": {"coefficients": DEVICE, "mean_ratio": 1.5}}, "first_step": {"factor": 3.0}}
-    b = StepBatch(num_prefill_tokens=300, num_prefill_seqs=2, context_tokens=300, prefill_attention=45150.0)
-    model = CalibratedCostModel(DEVICE, prof)
-    assert model.step_parts(b, 0).device == pytest.approx(3.0 * 1.5 * device_law(b))
-    assert model.step_parts(b, 1).device == pytest.approx(1.5 * device_law(b))
 
 
 def test_profile_used_beyond_its_fitted_batch_shapes_warns_in_one_line():

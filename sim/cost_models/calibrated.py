@@ -112,8 +112,6 @@ class CalibratedCostModel:
         self.seed = seed
         self._sampler = ResidualSampler(table, seed) if seed is not None and table else None
         self.intake = Intake.from_profile(self.profile, seed)
-        first = self.profile.get("first_step") or {}
-        self._first_factor = float(first["factor"]) if first.get("factor") else None
         self._range = self.profile.get("fitted_range") or {}
         self._outside: dict[str, int] = {}
         self._num_steps = 0
@@ -137,8 +135,6 @@ class CalibratedCostModel:
             coef, mean = law
             t = float(np.dot(coef, part_features(part, batch)))
             out.append(t * (mean if mult is None else float(mult[i])))
-        if step == 0 and self._first_factor is not None:  # the run's first step is cold (sim.calibrate)
-            out[0] *= self._first_factor
         return StepParts(*out)
 
     def step_time(self, batch: StepBatch, step: int) -> float:
@@ -182,5 +178,5 @@ class CalibratedCostModel:
         return {"name": self.name, "path": self.path, "coefficients": dict(self.coefficients), "units": UNITS,
                 "model": model, "device": prof.get("device"), "fit": prof.get("fit"),
                 "leave_one_trace_out": prof.get("leave_one_trace_out"), "parts": prof.get("parts"),
-                "seed": self.seed, "fitted_range": self._range, "first_step": prof.get("first_step"),
+                "seed": self.seed, "fitted_range": self._range,
                 "traces": [t.get("path") for t in prof.get("traces", [])]}
