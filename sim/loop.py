@@ -174,7 +174,7 @@ class Simulator:
                                    if self._use_decode_runs else None)
         intake = self.intake
         per_request = intake.per_request_s if intake is not None else 0.0
-        woke = False
+        woke, cold = False, 0.0
         nxt = next(stream, None)
         step = 0
         while True:
@@ -195,13 +195,16 @@ class Simulator:
                 if woke:  # each add after an idle wake-up delays the step (sim.intake)
                     self.now = start = start + per_request
             woke = False
+            if cold:  # the run's first add is cold: what arrives meanwhile waits a step (sim.intake)
+                start, cold = start + cold, 0.0
             self.now = start
             if not (sched.running or cycle.has_work()):  # anything running is work: skip the queue checks
                 if nxt is None:
                     return
                 self.now = max(start, nxt.add_time)
                 if intake is not None:
-                    self.now += intake.wake()
+                    look, cold = intake.wake()
+                    self.now += look
                     woke = True
                 continue
             if runs is not None and runs.ready():
@@ -235,6 +238,7 @@ class Simulator:
         ends: deque[float] = deque()
         device_free = 0.0
         launched = 0
+        cold = 0.0
         nxt = next(stream, None)
         while True:
             if external and cycle.num_steps in external:
@@ -245,6 +249,7 @@ class Simulator:
             while nxt is not None and nxt.add_time <= self.now:
                 add(nxt)
                 nxt = next(stream, None)
+            self.now, cold = self.now + cold, 0.0
             if cycle.has_work():
                 so = cycle.begin()
                 device_free = max(self.now, device_free) + step_time(batch_from_output(so), launched)
@@ -258,7 +263,8 @@ class Simulator:
                     return
                 self.now = max(self.now, nxt.add_time)
                 if self.intake is not None:
-                    self.now += self.intake.wake()
+                    look, cold = self.intake.wake()
+                    self.now += look
                 continue
             self.now = max(self.now, ends.popleft())
             so, outputs = cycle.finish()

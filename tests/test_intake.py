@@ -79,3 +79,16 @@ def test_each_add_after_a_wake_up_delays_the_step(tmp_path):
     t = traces.load(tmp_path)
     assert sorted(t.requests["queued"]) == pytest.approx([1.001, 1.0011, 1.0012])
     assert t.steps["start"].iloc[0] == pytest.approx(1.0013)
+
+
+def test_requests_arriving_during_the_runs_cold_first_add_wait_for_the_next_step(tmp_path):
+    """The first add is slow, not late: the engine looks after a warm wake-up, and what arrives while it
+    adds joins the step after."""
+    burst = [SimRequest(request_id=f"r{i}", arrival=t, prompt_token_ids=list(range(5, 37)), max_tokens=4, add_time=t)
+             for i, t in enumerate((1.0, 1.0, 1.0012, 1.0012))]
+    Simulator(SchedulerConfig(max_model_len=256), CacheConfig(block_size=16, num_gpu_blocks=64),
+              _WithIntake(Intake(wake_s=1e-3, per_request_s=1e-4, first_wake_s=0.011)), tmp_path).run(burst)
+    t = traces.load(tmp_path)
+    d = t.decisions
+    assert sorted(d[(d["step"] == 0) & (d["event"] == "schedule")]["request_id"]) == ["r0", "r1"]
+    assert t.steps["start"].iloc[0] == pytest.approx(1.0 + 1e-3 + 1e-4 + 1e-4 + 0.010)
