@@ -32,16 +32,12 @@ class FreeKVCacheBlockQueue:
     """Doubly linked list of free blocks between two sentinels: O(1) popleft, append, appendleft, remove."""
 
     def __init__(self, blocks: list[KVCacheBlock]) -> None:
-        self.num_free_blocks = len(blocks)
+        self.num_free_blocks = 0
         self._head = KVCacheBlock(-1)
         self._tail = KVCacheBlock(-1)
-        prev = self._head
-        for block in blocks:
-            prev.next_free_block = block
-            block.prev_free_block = prev
-            prev = block
-        prev.next_free_block = self._tail
-        self._tail.prev_free_block = prev
+        self._head.next_free_block = self._tail
+        self._tail.prev_free_block = self._head
+        self.append_n(blocks)
 
     def popleft(self) -> KVCacheBlock:
         block = self._head.next_free_block
