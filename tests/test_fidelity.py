@@ -228,17 +228,23 @@ def test_plan_samples_without_residuals_is_one_line_exit_2(capsys):
     assert "\n" not in err and "--residuals" in err
 
 
-def test_fidelity_bench_replay_only_predicts_again_from_the_runs_it_recorded_before(engine_like, tmp_path, monkeypatch):
-    """Two model versions compared on the same recordings: no new run is recorded."""
+def _fidelity_bench():
     import importlib.util
-    import shutil
     from pathlib import Path
-
-    from traces.summary import summarize
 
     spec = importlib.util.spec_from_file_location("fidelity_bench", Path(__file__).parents[1] / "bench" / "fidelity.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
+    return bench
+
+
+def test_fidelity_bench_replay_only_predicts_again_from_the_runs_it_recorded_before(engine_like, tmp_path, monkeypatch):
+    """Two model versions compared on the same recordings: no new run is recorded."""
+    import shutil
+
+    from traces.summary import summarize
+
+    bench = _fidelity_bench()
     monkeypatch.setattr(bench, "record", lambda *a, **k: pytest.fail("recorded again"))
     shutil.copytree(engine_like / "a", tmp_path / "train")
     shutil.copytree(engine_like / "b", tmp_path / "heldout")
@@ -246,3 +252,17 @@ def test_fidelity_bench_replay_only_predicts_again_from_the_runs_it_recorded_bef
     measured = summarize(traces.load(engine_like / "b").requests)
     assert len(result) == 10 and result["ttft_p90"]["measured"] == measured["ttft_p90_s"]
     assert (tmp_path / "profile.json").is_file()
+
+
+def test_fidelity_bench_pools_every_repeats_training_run_into_one_profile(engine_like, tmp_path):
+    import shutil
+
+    bench = _fidelity_bench()
+    repeats = [tmp_path / "repeat0", tmp_path / "repeat1"]
+    for r, train in zip(repeats, ("a", "b")):
+        shutil.copytree(engine_like / train, r / "train")
+        shutil.copytree(engine_like / "b", r / "heldout")
+    results = bench.pooled(repeats, samples=2, out=tmp_path)
+    profile = json.loads((tmp_path / "pooled_profile.json").read_text())
+    assert len(profile["traces"]) == 2 and len(results) == 2
+    assert all(len(r) == 10 and (rep / "predicted_pooled").is_dir() for r, rep in zip(results, repeats))
