@@ -166,19 +166,11 @@ class BlockPool:
     def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
         """Pop blocks off the front of the free queue, evicting any stale cached hash they carry."""
         blocks = self.free_block_queue.popleft_n(num_blocks)
-        table = self.cached_block_hash_to_block
-        evicted = 0
         for block in blocks:
-            h = block.block_hash
-            if h is not None:
-                evicted += 1
-                if table.get(h) is block:  # the only block under its hash (`uncache`'s common case, inline)
-                    del table[h]
-                    block.block_hash = None
-                else:
-                    self.uncache(block)
+            if block.block_hash is not None:
+                self.uncache(block)
+                self.num_evictions += 1
             block.ref_cnt = 1
-        self.num_evictions += evicted
         return blocks
 
     def uncache(self, block: KVCacheBlock) -> None:
