@@ -3,131 +3,37 @@
 Torch has no op that reads a paged cache in place; the torch path (cpu_decode) strings together a
 sparse sampled matmul, a padded softmax and embedding_bag, and each writes and re-reads its scores
 through memory. The C kernel reads every cache row of a context once per pass, with the whole query
-group scored against it, and threads over (sequence, kv heads) items in torch's own OpenMP pool
-(torch's bundled libgomp is already loaded under the soname the kernel asks for).
-
-The build is `cc -O3 -march=native -fopenmp` (about a second) into a per-user cache, keyed by a hash
-of the source, the compiler and its flags, and the CPU's feature flags; later start-ups only load it.
-Without a compiler, or when the build or load fails, `load()` returns None and callers keep the
-torch path. STEPSCOPE_NATIVE_KERNELS=0 turns the kernel off; STEPSCOPE_KERNEL_CACHE moves the cache.
+group scored against it, and threads over (sequence, kv heads) items in torch's own OpenMP pool.
+How it is built, cached and turned off: engine/model_executor/native_build.py.
 """
 from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
-import logging
-import os
-import platform
-import shutil
-import subprocess
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
-logger = logging.getLogger(__name__)
+from engine.model_executor.native_build import cache_dir, compiler, enabled, load_library
+
+__all__ = ["cache_dir", "compiler", "enabled", "load", "paged_decode", "supports"]
 
 SOURCE = Path(__file__).with_name("csrc") / "paged_decode.c"
 ABI_VERSION = 1
-# Tried in order: with OpenMP threads, then single-threaded (OpenMP's simd pragmas only).
-FLAG_SETS = (
-    ("-O3", "-march=native", "-fno-math-errno", "-fopenmp", "-shared", "-fPIC"),
-    ("-O3", "-march=native", "-fno-math-errno", "-fopenmp-simd", "-shared", "-fPIC"),
-)
-BUILD_TIMEOUT_S = 60
 
 
-def enabled() -> bool:
-    return os.environ.get("STEPSCOPE_NATIVE_KERNELS", "1").lower() not in ("0", "false", "off", "no")
-
-
-def cache_dir() -> Path:
-    if "STEPSCOPE_KERNEL_CACHE" in os.environ:
-        return Path(os.environ["STEPSCOPE_KERNEL_CACHE"])
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "stepscope" / "kernels"
-
-
-def compiler() -> str | None:
-    """The C compiler to build with: $CC, else cc; None when it is not on PATH."""
-    return shutil.which(os.environ.get("CC", "cc"))
-
-
-def _cpu_flags() -> str:
-    """-march=native code runs only where the same instructions exist: the CPU's flags join the key."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next((line for line in f if line.startswith("flags")), "")
-    except OSError:
-        return platform.processor()
-
-
-def _library_path(cc: str, flags: tuple[str, ...]) -> Path:
-    key = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), cc.encode(), " ".join(flags).encode(), platform.machine().encode(),
-                 _cpu_flags().encode()):
-        key.update(part)
-        key.update(b"\0")
-    return cache_dir() / f"paged_decode-{key.hexdigest()[:20]}.so"
-
-
-def _build(cc: str, flags: tuple[str, ...], target: Path) -> bool:
-    """Compile into a temporary name beside `target`, then rename: concurrent builders never see half a file."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
-    os.close(fd)
-    try:
-        proc = subprocess.run([cc, *flags, "-o", tmp, str(SOURCE)], capture_output=True, text=True,
-                              timeout=BUILD_TIMEOUT_S)
-        if proc.returncode != 0:
-            logger.info("native decode kernel: %s %s failed: %s", cc, " ".join(flags), proc.stderr.strip()[-500:])
-            return False
-        os.replace(tmp, target)
-        return True
-    except (OSError, subprocess.SubprocessError) as e:
-        logger.info("native decode kernel: build failed: %s", e)
-        return False
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
-def _bind(path: Path) -> Callable[..., int] | None:
-    try:
-        lib = ctypes.CDLL(str(path))
-        if lib.stepscope_paged_decode_abi() != ABI_VERSION:
-            return None
-    except (OSError, AttributeError) as e:
-        logger.info("native decode kernel: cannot load %s: %s", path, e)
+@functools.cache
+def load() -> Callable[..., int] | None:
+    """The kernel's entry point, built on first use; None when it cannot be had here (see native_build)."""
+    lib = load_library(SOURCE, "stepscope_paged_decode_abi", ABI_VERSION)
+    if lib is None:
         return None
     fn = lib.stepscope_paged_decode_f32
     p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
     fn.argtypes = [p, i64, p, p, p, i64, p, i32, i32, i32, i32, i32, i32, ctypes.c_float, p, i64, i32]
     fn.restype = i32
     return fn
-
-
-@functools.cache
-def load() -> Callable[..., int] | None:
-    """The kernel's entry point, built on first use; None when it cannot be had here (see module doc)."""
-    if not enabled():
-        return None
-    cc = compiler()
-    if cc is None:
-        logger.info("native decode kernel: no C compiler (%s), using the torch path", os.environ.get("CC", "cc"))
-        return None
-    for flags in FLAG_SETS:
-        try:
-            path = _library_path(cc, flags)
-            if path.exists() or _build(cc, flags, path):
-                fn = _bind(path)
-                if fn is not None:
-                    return fn
-        except OSError as e:
-            logger.info("native decode kernel: %s", e)
-    return None
 
 
 def supports(q: torch.Tensor, kv_cache: torch.Tensor) -> bool:
