@@ -62,6 +62,37 @@ def engine_greedy(path, prompts, **engine_args) -> list[list[int]]:
     return [o.outputs[0].token_ids for o in outs], llm
 
 
+def test_cpu_float32_steps_take_every_fused_kernel(checkpoint, monkeypatch):
+    from engine.model_executor.layers import cpu_ops
+
+    if cpu_ops.load() is None:
+        pytest.skip("no C compiler for the CPU kernels")
+    taken = set()
+
+    def counted(name, kernel):
+        def call(*args):
+            out = kernel(*args)
+            if out is not None:
+                taken.add(name)
+            return out
+        return call
+
+    for name in ("rms_norm", "qk_norm_rope", "silu_and_mul"):
+        monkeypatch.setattr(cpu_ops, name, counted(name, getattr(cpu_ops, name)))
+    engine_greedy(checkpoint[0], _prompts(5, [9, 14]))
+    assert taken == {"rms_norm", "qk_norm_rope", "silu_and_mul"}
+
+
+def test_the_torch_path_without_the_fused_kernels_matches_transformers(checkpoint, monkeypatch):
+    from engine.model_executor.layers import cpu_ops
+
+    monkeypatch.setattr(cpu_ops, "load", lambda: None)
+    path, hf = checkpoint
+    prompts = _prompts(6, [11, 23])
+    got, _ = engine_greedy(path, prompts)
+    assert got == [hf_greedy(hf, p) for p in prompts]
+
+
 def test_single_prompt_matches_transformers(checkpoint):
     path, hf = checkpoint
     prompt = _prompts(1, [17])[0]

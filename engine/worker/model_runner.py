@@ -113,12 +113,14 @@ class ModelRunner:
     def warm_up(self) -> None:
         """Run a tiny paged step through block 0 (the null block, never read for real requests).
 
-        On a CPU the C decode kernel is loaded here too (built, the first time on this machine, in about
-        a second), so no decode step of a run pays for it."""
+        On a CPU the C kernels are loaded here too (built, the first time on this machine, in about a
+        second each), so no step of a run pays for it."""
         if self.device.type == "cpu" and self.dtype == torch.float32:
             from engine.model_executor.attention import cpu_native
+            from engine.model_executor.layers import cpu_ops
 
             cpu_native.load()
+            cpu_ops.load()
         n = min(4, self.block_size)
         state = CachedRequestState("warmup", [0] * n, n, _PROFILE_PARAMS, [0], 0, None, None)
         batch = build_batch([state], [n], self.block_size)

@@ -4,6 +4,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from engine.model_executor.layers import cpu_ops
+
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """weight * x / rms(x) over the last dim, the rms taken in float32; weight broadcasts, so one call
@@ -37,6 +39,10 @@ class RMSNorm(nn.Module):
         The sum is written into `x` (the layer's fresh attention or MLP output, read nowhere else), so
         the residual stream costs no allocation per layer.
         """
+        if x.device.type == "cpu":  # one fused pass (cpu_ops) where it takes these tensors
+            out = cpu_ops.rms_norm(x, self.weight, self.eps, residual)
+            if out is not None:
+                return out if residual is None else (out, x)
         if residual is None:
             return rms_norm(x, self.weight, self.eps)
         x = x.add_(residual) if x.dtype == torch.result_type(x, residual) else x + residual

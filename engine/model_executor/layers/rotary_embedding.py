@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -45,6 +46,15 @@ def compute_inv_freq(rotary_dim: int, base: float, scaling: dict | None) -> torc
     if scaling["rope_type"] == "llama3":
         return _llama3_inv_freq(inv_freq, scaling)
     raise ValueError(f"unsupported rope_scaling type {scaling['rope_type']!r}; supported: default, llama3")
+
+
+@dataclass(slots=True)
+class RopeInputs:
+    """A forward's rotary inputs, looked up once and handed to every layer: the positions, and the cos/sin
+    factors of `RotaryEmbedding.cos_sin`, or None where a fused CPU kernel (cpu_ops) reads the cache."""
+
+    positions: torch.Tensor
+    cos_sin: tuple[torch.Tensor, torch.Tensor] | None
 
 
 class RotaryEmbedding(nn.Module):

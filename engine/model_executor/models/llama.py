@@ -11,10 +11,11 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
+from engine.model_executor.layers import cpu_ops
 from engine.model_executor.layers.activation import SiluAndMul
 from engine.model_executor.layers.attention import Attention
 from engine.model_executor.layers.layernorm import RMSNorm, rms_norm
-from engine.model_executor.layers.rotary_embedding import RotaryEmbedding, rope_params_from_config
+from engine.model_executor.layers.rotary_embedding import RopeInputs, RotaryEmbedding, rope_params_from_config
 
 
 def head_dim_of(config: Any) -> int:
@@ -50,8 +51,20 @@ class LlamaAttention(nn.Module):
             self.num_heads, self.head_dim, self.head_dim**-0.5, self.num_kv_heads, attn_backend, layer_idx=layer_idx
         )
 
-    def forward(self, cos_sin: tuple[torch.Tensor, torch.Tensor], hidden: torch.Tensor) -> torch.Tensor:
+    def forward(self, rope: RopeInputs, hidden: torch.Tensor) -> torch.Tensor:
         qkv = self.qkv_proj(hidden)
+        qk = self._native_qk(rope, qkv) if rope.cos_sin is None else None
+        q, k = qk if qk is not None else self._qk(rope, qkv)
+        return self.o_proj(self.attn(q, k, qkv[:, self.q_size + self.kv_size :]))
+
+    def _native_qk(self, rope: RopeInputs, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """q and k normed and rotated in one pass by cpu_ops, or None where it does not take them."""
+        norms = (self.q_norm.weight, self.k_norm.weight) if self.qk_norm else (None, None)
+        eps = self.q_norm.eps if self.qk_norm else 0.0
+        return cpu_ops.qk_norm_rope(qkv, self.num_heads, self.num_kv_heads, self.head_dim, self.rotary_emb.rotary_dim,
+                                    self.rotary_emb.cos_sin_cache, rope.positions, *norms, eps)
+
+    def _qk(self, rope: RopeInputs, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         num_tokens, heads = qkv.shape[0], self.num_heads + self.num_kv_heads
         # q and k side by side as [T, q heads + kv heads, d]: one norm and one rotation serve both.
         qk = qkv[:, : self.q_size + self.kv_size].view(num_tokens, heads, self.head_dim)
@@ -59,9 +72,8 @@ class LlamaAttention(nn.Module):
             weight = torch.cat([self.q_norm.weight.expand(self.num_heads, -1),
                                 self.k_norm.weight.expand(self.num_kv_heads, -1)])
             qk = rms_norm(qk, weight, self.q_norm.eps)
-        qk = self.rotary_emb.rotate(qk, cos_sin)
-        q, k = qk[:, : self.num_heads].flatten(1), qk[:, self.num_heads :].flatten(1)
-        return self.o_proj(self.attn(q, k, qkv[:, self.q_size + self.kv_size :]))
+        qk = self.rotary_emb.rotate(qk, rope.cos_sin or self.rotary_emb.cos_sin(rope.positions))
+        return qk[:, : self.num_heads].flatten(1), qk[:, self.num_heads :].flatten(1)
 
 
 # Rows per MLP pass on a CPU. A long prefill's [T, 2 * intermediate] activation does not fit in cache;
@@ -99,14 +111,14 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(
-        self, cos_sin: tuple[torch.Tensor, torch.Tensor], hidden: torch.Tensor, residual: torch.Tensor | None
+        self, rope: RopeInputs, hidden: torch.Tensor, residual: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Returns (mlp output, residual stream); the next norm adds them, saving a separate add."""
         if residual is None:
             residual, hidden = hidden, self.input_layernorm(hidden)
         else:
             hidden, residual = self.input_layernorm(hidden, residual)
-        hidden = self.self_attn(cos_sin, hidden)
+        hidden = self.self_attn(rope, hidden)
         hidden, residual = self.post_attention_layernorm(hidden, residual)
         return self.mlp(hidden), residual
 
@@ -126,9 +138,11 @@ class LlamaModel(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         hidden, residual = self.embed_tokens(input_ids), None
-        cos_sin = self.rotary_emb.cos_sin(positions)  # once per forward, shared by every layer
+        # Looked up once per forward, shared by every layer; cpu_ops' fused q/k kernel reads the cache itself.
+        native = hidden.device.type == "cpu" and cpu_ops.usable(hidden)
+        rope = RopeInputs(positions, None if native else self.rotary_emb.cos_sin(positions))
         for layer in self.layers:
-            hidden, residual = layer(cos_sin, hidden, residual)
+            hidden, residual = layer(rope, hidden, residual)
         return self.norm(hidden, residual)[0]
 
 
