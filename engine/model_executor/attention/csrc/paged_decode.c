@@ -137,6 +137,12 @@ static void weigh_rows_any(const float *p, const float *v, int64_t row_stride, i
         for (int d = 0; d < head_size; d++) acc[d] += p[r] * v[r * row_stride + d];
 }
 
+/* Ask for `rows` rows' first `span` floats, a cache line (16 floats) at a time. */
+static inline void prefetch_rows(const float *p, int64_t row_stride, int rows, int64_t span) {
+    for (int r = 0; r < rows; r++)
+        for (int64_t off = 0; off < span; off += 16) __builtin_prefetch(p + r * row_stride + off, 0, 3);
+}
+
 static void decode_item(const float *q, const float *k_cache, const float *v_cache, const int32_t *table,
                         int seq_len, int num_heads, int num_kv_heads, int kv_first, int kv_count, int head_size,
                         int block_size, float scale, float *out, float *scores, float *acc) {
@@ -145,16 +151,25 @@ static void decode_item(const float *q, const float *k_cache, const float *v_cac
     const int64_t row_stride = (int64_t)num_kv_heads * head_size;
     const int64_t block_stride = (int64_t)block_size * row_stride;
     const int num_blocks = (seq_len + block_size - 1) / block_size;
-    /* The part of a row this item reads starts at its first kv head's vector. No software prefetch of the
-     * next block: asking for it a block ahead measured 5-8 % slower than leaving it to the hardware. */
-    const int64_t item_off = (int64_t)kv_first * head_size;
+    /* The part of a row this item reads starts at its first kv head's vector. Both passes go through a
+     * block four rows at a time, every head at each, so its rows are read front to back; and they ask
+     * for the same rows of the next block meanwhile, since blocks lie scattered and the hardware
+     * prefetcher stops at each one's end. On a Xeon (1 thread, 64 sequences of 150-350 tokens, GQA 8/4,
+     * head 64) one layer took 5.07 ms against 5.88 ms block by block, head by head, without prefetch. */
+    const int64_t item_off = (int64_t)kv_first * head_size, span = (int64_t)kv_count * head_size;
     /* Pass 1: scores[h][t] = scale * q_h . k_t, a block at a time. */
     for (int b = 0; b < num_blocks; b++) {
         const float *kblock = k_cache + table[b] * block_stride + item_off;
         const int t0 = b * block_size, rows = seq_len - t0 < block_size ? seq_len - t0 : block_size;
-        for (int hi = 0; hi < h_count; hi++)
-            score_rows_any(q + (int64_t)(h_first + hi) * head_size, kblock + (int64_t)(hi / group) * head_size,
-                           row_stride, rows, head_size, scale, scores + (int64_t)hi * seq_len + t0);
+        const float *knext = b + 1 < num_blocks ? k_cache + table[b + 1] * block_stride + item_off : NULL;
+        for (int r0 = 0; r0 < rows; r0 += 4) {
+            const int n = rows - r0 < 4 ? rows - r0 : 4;
+            if (knext != NULL) prefetch_rows(knext + r0 * row_stride, row_stride, n, span);
+            for (int hi = 0; hi < h_count; hi++)
+                score_rows_any(q + (int64_t)(h_first + hi) * head_size,
+                               kblock + r0 * row_stride + (int64_t)(hi / group) * head_size, row_stride, n,
+                               head_size, scale, scores + (int64_t)hi * seq_len + t0 + r0);
+        }
     }
     /* Softmax per head; the 1/sum is applied to the output at the end. */
     float inv_sum[h_count];
@@ -175,9 +190,15 @@ static void decode_item(const float *q, const float *k_cache, const float *v_cac
     for (int b = 0; b < num_blocks; b++) {
         const float *vblock = v_cache + table[b] * block_stride + item_off;
         const int t0 = b * block_size, rows = seq_len - t0 < block_size ? seq_len - t0 : block_size;
-        for (int hi = 0; hi < h_count; hi++)
-            weigh_rows_any(scores + (int64_t)hi * seq_len + t0, vblock + (int64_t)(hi / group) * head_size,
-                           row_stride, rows, head_size, acc + (int64_t)hi * head_size);
+        const float *vnext = b + 1 < num_blocks ? v_cache + table[b + 1] * block_stride + item_off : NULL;
+        for (int r0 = 0; r0 < rows; r0 += 4) {
+            const int n = rows - r0 < 4 ? rows - r0 : 4;
+            if (vnext != NULL) prefetch_rows(vnext + r0 * row_stride, row_stride, n, span);
+            for (int hi = 0; hi < h_count; hi++)
+                weigh_rows_any(scores + (int64_t)hi * seq_len + t0 + r0,
+                               vblock + r0 * row_stride + (int64_t)(hi / group) * head_size, row_stride, n,
+                               head_size, acc + (int64_t)hi * head_size);
+        }
     }
     for (int hi = 0; hi < h_count; hi++) {
         float *o = out + (int64_t)(h_first + hi) * head_size;
