@@ -101,6 +101,14 @@ def test_calibrate_fits_the_host_phases_and_the_gap_between_steps(engine_like):
     assert len(profile["residuals"]["ratios"]) == sum(t["num_steps"] for t in profile["traces"])
 
 
+def test_calibrate_on_several_runs_reports_each_run_s_level(engine_like):
+    from sim.calibrate import report_lines
+
+    profile, _ = calibrate([traces.load(engine_like / "a"), traces.load(engine_like / "b")])
+    line = next(x for x in report_lines(profile) if x.startswith("run levels"))
+    assert len(line.split(":")[1].split(";")[0].split(",")) == 2
+
+
 def test_calibrate_reports_leave_one_trace_out_per_part(engine_like):
     profile, _ = calibrate([traces.load(engine_like / "a"), traces.load(engine_like / "b")])
     loto = profile["leave_one_trace_out"]
@@ -116,6 +124,34 @@ def test_residual_blocks_are_runs_of_consecutive_measured_steps_and_repeat_with_
     steps = np.diff(draws.reshape(10, 10), axis=1)
     assert np.allclose(steps, 0.01)
     assert not (draws == np.array([ResidualSampler(table, 4).at(i)[0] for i in range(100)])).all()
+
+
+def test_a_replay_sampled_from_several_runs_runs_at_one_drawn_run_s_speed():
+    """Two calibration runs, one twice as slow throughout: a sampled replay is one run, so its steps are
+    all at one run's level (not a mix of blocks of both), and across seeds both levels are drawn."""
+    slow_fast = np.column_stack([np.r_[np.full(100, 2.0), np.full(100, 1.0)]] + [np.ones(200)] * 2)
+    table = residual_table(slow_fast, [100, 100])
+    table["block_steps"] = 5
+    levels = set()
+    for seed in range(20):
+        sampler = ResidualSampler(table, seed)
+        draws = {float(sampler.at(i)[0]) for i in range(60)}
+        assert len(draws) == 1
+        levels |= draws
+    assert levels == {1.0, 2.0}
+
+
+def test_within_run_scatter_rides_on_the_drawn_run_s_level():
+    run_a = np.column_stack([np.tile([0.5, 1.5], 50)] + [np.ones(100)] * 2)  # level 1.0, scatter +-50 %
+    run_b = np.column_stack([np.full(100, 3.0)] + [np.ones(100)] * 2)  # level 3.0, no scatter
+    table = residual_table(np.vstack([run_a, run_b]), [100, 100])
+    table["block_steps"] = 1
+    seen = set()
+    for seed in range(40):
+        sampler = ResidualSampler(table, seed)
+        seen |= {round(float(sampler.at(i)[0]), 6) for i in range(200)}
+    # Within-run ratios 0.5, 1.5 (run a) and 1.0 (run b), at level 1 (0.5, 1.5, 1.0) or 3 (1.5, 4.5, 3.0).
+    assert seen == {0.5, 1.0, 1.5, 3.0, 4.5}
 
 
 def test_sampled_interval_covers_held_out_runs_of_a_machine_with_slow_spells():

@@ -6,6 +6,12 @@ explains them. So no step is dropped: every step's ratio measured / law (device,
 so their correlation survives) is stored in step order, and a sampled replay draws contiguous blocks of
 those ratios. Blocks keep the runs of slow steps that move TTFT and TPOT tails; independent draws would
 average them away and give intervals that are far too narrow.
+
+A profile calibrated on several runs also knows how fast the machine ran each of them: the mean ratio of
+each run (its level) differs from run to run by more than a replay of one run averages out (two vLLM-CPU
+runs of the same workload fitted per-step costs of 6.8 and 4.0 ms). So a sampled replay is one run: it
+draws one calibration run's level, and blocks of within-run scatter (each run's ratios divided by its
+own level) from all of them. With one calibration run the draw is that run's ratios, as before.
 """
 from __future__ import annotations
 
@@ -38,18 +44,30 @@ def residual_table(ratios: np.ndarray, segments: list[int]) -> dict[str, Any]:
             "ratios": [[round(float(v), 5) for v in row] for row in ratios]}
 
 
+def run_levels(ratios: np.ndarray, segments: list[int]) -> np.ndarray:
+    """Each calibration run's mean ratio per part (rows: runs with steps): how fast the machine ran it."""
+    bounds = np.cumsum([0, *segments])
+    return np.array([ratios[lo:hi].mean(axis=0) for lo, hi in zip(bounds[:-1], bounds[1:]) if hi > lo])
+
+
 class ResidualSampler:
-    """Step i's multipliers (device, host, gap) for one seeded replay: blocks of consecutive measured
-    ratios, each block from a random start inside one calibration trace."""
+    """Step i's multipliers (device, host, gap) for one seeded replay: one calibration run's level, times
+    blocks of consecutive within-run ratios, each block from a random start inside one run."""
 
     def __init__(self, table: dict[str, Any], seed: int) -> None:
-        self.ratios = np.asarray(table["ratios"], dtype=float).reshape(-1, len(PARTS))
+        ratios = np.asarray(table["ratios"], dtype=float).reshape(-1, len(PARTS))
         self.block = max(1, int(table.get("block_steps", 1)))
-        bounds = np.cumsum([0, *table.get("segments", [len(self.ratios)])])
+        segments = table.get("segments", [len(ratios)])
+        bounds = np.cumsum([0, *segments])
         # Valid block starts: a block never runs across the end of a trace.
         self.starts = np.concatenate([np.arange(lo, max(lo + 1, hi - self.block + 1))
                                       for lo, hi in zip(bounds[:-1], bounds[1:]) if hi > lo])
         self.rng = np.random.default_rng(seed)
+        levels = run_levels(ratios, segments)
+        self.ratios = ratios
+        if len(levels) > 1:  # this replay runs at one drawn run's level; the scatter is relative to each run's own
+            own = np.repeat(levels, [hi - lo for lo, hi in zip(bounds[:-1], bounds[1:]) if hi > lo], axis=0)
+            self.ratios = ratios / own * levels[self.rng.integers(len(levels))]
         self.drawn: list[np.ndarray] = []
 
     def at(self, step: int) -> np.ndarray:
