@@ -4,8 +4,8 @@
  * through memory per elementary op (a residual add, a square, a mean, a scale, a cast, a weight...).
  * The arithmetic follows transformers' order (rms: x * rsqrt(mean(x^2) + eps), then times weight;
  * rope: x1 * cos - x2 * sin, x2 * cos + x1 * sin; silu: g / (1 + exp(-g)), times up), and the build
- * turns off fused multiply-add contraction, so every product is rounded as torch rounds it. Only the
- * order of the sum of squares differs from torch's reduction.
+ * turns off fused multiply-add contraction, so every product is rounded as torch rounds it. Two things
+ * differ from torch: the order of the sum of squares, and silu's exp (a polynomial within 2e-7 of it).
  */
 #include <math.h>
 #include <stdint.h>
