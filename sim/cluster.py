@@ -6,6 +6,7 @@ moves the clock: the next event is either an arrival (routed at once, on the rep
 time) or the end of some replica's step (`update_from_output` runs then, so finishes and freed blocks
 appear at the step's end). A replica adds what was routed to it at the start of its next step, exactly
 as the single-replica loop adds arrivals, so a one-replica cluster reproduces `Simulator` to the bit.
+Without a trace, a replica's decode-only stretches advance as runs (sim.cluster_runs), one event each.
 
 Trace (optional): one directory for the whole cluster, the usual tables plus a `replica` column on
 every row. `step` numbers are cluster-wide (unique, in the order steps ended), so `steps` joins
@@ -29,6 +30,7 @@ from engine.core.config import CacheConfig, SchedulerConfig
 from engine.core.request import Request
 from engine.core.step_cycle import StepCycle
 from sim.batch import batch_from_output
+from sim.cluster_runs import ReplicaRuns
 from sim.cost_models.base import CostModel
 from sim.loop import CycleRecorder, SimulationError, _fewer_collections
 from sim.routers import Router, make_router
@@ -100,7 +102,9 @@ class Replica:
         self.added: list[Request] = []
         self.live: dict[str, Request] = {}
         self.recorder: TraceRecorder | None = None
+        self.runs: ReplicaRuns | None = None  # decode runs, where the cluster writes no trace
         self.busy = False
+        self.in_run = False
         self.stalled = False
         self.num_steps = 0
 
@@ -128,8 +132,9 @@ class Replica:
         s = self.scheduler
         return bool(self.inbox) or bool(s.running) or bool(s.waiting) or s.has_pending_outputs()
 
-    def start_step(self, now: float) -> float | None:
-        """Add the inbox, schedule one step and launch it; returns when the step ends (None: idle)."""
+    def start_step(self, now: float, next_arrival: float | None = None) -> float | None:
+        """Add the inbox, schedule one step (or a decode run up to `next_arrival`, see sim.cluster_runs) and
+        launch it; returns when it ends (None: idle)."""
         cycle, runner, cluster = self.cycle, self.runner, self.cluster
         for req, sim_req in self.inbox:
             runner.register(req.request_id, sim_req.output_token_ids)
@@ -145,13 +150,24 @@ class Replica:
         self.inbox.clear()
         if not (self.scheduler.running or cycle.has_work()):
             return None
-        so = cycle.begin()
         self.busy = True
+        if self.runs is not None:
+            done, end = self.runs.advance(now, self.num_steps, next_arrival)
+            if done:
+                self.in_run = True
+                self.num_steps += done
+                cycle.num_steps += done
+                cluster.num_steps += done
+                return end
+        so = cycle.begin()
         return now + cluster.cost_model.step_time(batch_from_output(so), self.num_steps)
 
     def finish_step(self) -> None:
         """The step's end: apply its outputs, record it, and notice a replica that can never progress."""
         self.busy = False
+        if self.in_run:  # a run's steps were applied as it began
+            self.in_run = False
+            return
         if self.recorder is not None:
             self.recorder.step = self.cluster.num_steps
         so, outputs = self.cycle.finish()
@@ -185,7 +201,7 @@ class Cluster:
     def __init__(self, num_replicas: int, scheduler_config: SchedulerConfig, cache_config: CacheConfig,
                  cost_model: CostModel, router: Router | str = "round_robin", trace_dir: str | Path | None = None,
                  meta: dict[str, Any] | None = None, seed: int = 0, vocab_size: int = 32000,
-                 trace_level: str = "full") -> None:
+                 trace_level: str = "full", decode_runs: bool = True) -> None:
         if num_replicas < 1:
             raise ValueError(f"replicas: must be >= 1, got {num_replicas}")
         self.now = 0.0
@@ -212,6 +228,9 @@ class Cluster:
                 r.recorder = TraceRecorder(_ReplicaWriter(self.writer, r.index), r.scheduler,
                                            snapshot_every=1 << 62, trace_level=trace_level)
                 r.cycle.recorder = CycleRecorder(r.recorder)
+        elif decode_runs:
+            for r in self.replicas:
+                r.runs = ReplicaRuns(r.scheduler, r.runner, cost_model)
 
     def clock(self) -> float:
         return self.now
@@ -240,7 +259,8 @@ class Cluster:
             t_arrival = nxt.add_time if nxt is not None else inf
             t_end = events[0][0] if events else inf
             t = t_arrival if t_arrival < t_end else t_end
-            if self.stopped:
+            if self.stopped:  # the steps of runs that end after now had not ended step by step: take them back
+                self.num_steps -= sum(r.runs.rewind(self.now) for r in replicas if r.runs is not None)
                 return
             if t == inf:
                 break
@@ -260,7 +280,7 @@ class Cluster:
                 nxt = next(stream, None)
             for r in touched:
                 if not r.busy and not r.stalled:
-                    end = r.start_step(t)
+                    end = r.start_step(t, nxt.add_time if nxt is not None else None)
                     if end is not None:
                         heapq.heappush(events, (end, r.index))
         stuck = [r for r in replicas if r.scheduler.waiting or r.scheduler.running]

@@ -1,0 +1,78 @@
+"""Decode runs for a cluster's replicas (sim.decode_runs): a decode-only stretch of one replica advances
+as one event of the cluster's loop instead of one event per step, with the same decisions and times.
+
+Replicas touch one another only through the router and the SLO watch (the cost model they share times
+a step by its batch and step index, whatever order it is asked in):
+
+- The router reads the replicas when a request arrives, so a run stops before the first step that starts
+  at or after the next arrival anywhere in the cluster. What the router reads of a replica in the middle
+  of a run's last step is what it reads step by step: decode steps add and free no request, and a step
+  takes its blocks (and caches its prefix blocks) when it is scheduled, as the run takes them.
+- The watch may stop the whole cluster at a request that ends on another replica, in the middle of a
+  run. `ReplicaRuns.rewind` then takes back the run's steps that end after the stop: the tokens they
+  appended and their count, which is what the results read (the stopped run's blocks are not undone).
+
+Runs are used only where the cluster writes no trace (what `sim plan`'s searches run): a trace numbers
+steps cluster-wide in the order they end, and a run's steps interleave with other replicas' steps.
+"""
+from __future__ import annotations
+
+from bisect import bisect_right
+
+from engine.core.scheduler import Scheduler
+from sim.cost_models.base import CostModel
+from sim.decode_runs import DecodeRuns
+from sim.runner import FakeModelRunner
+
+
+class RunLog:
+    """The recorder a replica's DecodeRuns writes to without a trace: keeps the last run's requests and
+    step ends, all that a rewind needs."""
+
+    snapshot_every = 1 << 62  # no block snapshots without a trace
+
+    def __init__(self) -> None:
+        self.rids: list[str] = []
+        self.ends: list[float] = []
+
+    def is_between_steps(self) -> bool:
+        return True
+
+    def on_decode_step_blocks(self, step: int) -> None:
+        pass
+
+    def on_decode_run(self, rids: list[str], computed0: list[int], starts: list[float], ends: list[float],
+                      phases: tuple[list[float], list[float], list[float]], used: list[int],
+                      gained: dict[int, list[int]]) -> None:
+        self.rids, self.ends = rids, ends
+
+
+class ReplicaRuns:
+    """One replica's decode runs: `advance` where its scheduler is ready for one, `rewind` at a stop."""
+
+    def __init__(self, scheduler: Scheduler, runner: FakeModelRunner, cost_model: CostModel) -> None:
+        self.log = RunLog()
+        self.runs = DecodeRuns(scheduler, runner, self.log, cost_model)
+        self.requests = scheduler.requests
+
+    def advance(self, now: float, step: int, next_arrival: float | None) -> tuple[int, float]:
+        """A run from `now` (the replica's step `step`) up to the next arrival; (0, now) where the replica
+        is not in a decode-only stretch."""
+        if not self.runs.ready():
+            return 0, now
+        return self.runs.advance(now, step, next_arrival)
+
+    def rewind(self, t: float) -> int:
+        """Take back the last run's steps that end after `t` from its requests; returns how many."""
+        ends = self.log.ends
+        k = len(ends) - bisect_right(ends, t)
+        if k:
+            for rid in self.log.rids:
+                req = self.requests[rid]
+                del req.output_token_ids[-k:]
+                del req.all_token_ids[-k:]
+                req.num_computed_tokens -= k
+                if req.block_size:
+                    del req.block_hashes[len(req.all_token_ids) // req.block_size:]
+            self.log.ends = ends[:-k]
+        return k
