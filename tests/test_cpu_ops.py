@@ -122,3 +122,13 @@ def test_the_kernels_can_be_turned_off(tmp_path, monkeypatch):
         torch.testing.assert_close(SiluAndMul()(x), torch.nn.functional.silu(x[:, :16]) * x[:, 16:])
     finally:
         cpu_ops.load.cache_clear()
+
+
+def test_a_change_to_a_shared_header_keys_a_new_build(tmp_path, monkeypatch):
+    from engine.model_executor import native_build
+
+    monkeypatch.setattr(native_build, "SHARED_HEADERS", tmp_path)
+    (tmp_path / "shared.h").write_text("/* one */")
+    before = native_build.library_path(cpu_ops.SOURCE, "cc", ())
+    (tmp_path / "shared.h").write_text("/* two */")
+    assert native_build.library_path(cpu_ops.SOURCE, "cc", ()) != before

@@ -1,8 +1,8 @@
-"""Building and loading the engine's C kernels for the CPU (attention/csrc, layers/csrc).
+"""Building and loading the engine's C kernels for the CPU (attention/csrc, layers/csrc, sharing csrc/*.h).
 
 Each source is built once with the system compiler (`cc -O3 -march=native -fopenmp`, about a second)
-into a per-user cache, keyed by a hash of the source, the compiler and its flags, and the CPU's feature
-flags; later start-ups only load it. The kernels run in torch's own OpenMP pool: torch's bundled libgomp
+into a per-user cache, keyed by a hash of the source and the shared headers, the compiler and its flags,
+and the CPU's feature flags; later start-ups only load it. The kernels run in torch's own OpenMP pool: torch's bundled libgomp
 is already loaded under the soname they ask for. Without a compiler, or when the build or load fails,
 `load_library` returns None and callers keep their torch path. STEPSCOPE_NATIVE_KERNELS=0 turns every
 kernel off; STEPSCOPE_KERNEL_CACHE moves the cache.
@@ -27,6 +27,8 @@ FLAG_SETS = (
     ("-O3", "-march=native", "-fno-math-errno", "-fopenmp-simd", "-shared", "-fPIC"),
 )
 BUILD_TIMEOUT_S = 60
+# Headers the kernel sources include (e.g. csrc/exp_simd.h): part of every library's key.
+SHARED_HEADERS = Path(__file__).with_name("csrc")
 
 
 def enabled() -> bool:
@@ -56,7 +58,8 @@ def _cpu_flags() -> str:
 
 def library_path(source: Path, cc: str, flags: tuple[str, ...]) -> Path:
     key = hashlib.sha256()
-    for part in (source.read_bytes(), cc.encode(), " ".join(flags).encode(), platform.machine().encode(),
+    headers = [h.read_bytes() for h in sorted(SHARED_HEADERS.glob("*.h"))]
+    for part in (source.read_bytes(), *headers, cc.encode(), " ".join(flags).encode(), platform.machine().encode(),
                  _cpu_flags().encode()):
         key.update(part)
         key.update(b"\0")

@@ -11,6 +11,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "../../csrc/exp_simd.h"
 #ifdef _OPENMP
 #include <omp.h>
 #else
@@ -18,25 +20,6 @@ static int omp_get_thread_num(void) { return 0; } /* built without OpenMP: one t
 #endif
 
 int stepscope_paged_decode_abi(void) { return 1; }
-
-/* exp(x) for the softmax's x <= 0, in plain arithmetic so that a simd loop vectorises it (libm's expf is
- * a call per element): x = n ln2 + r with |r| <= ln2/2, e^r by its degree-6 Taylor polynomial (relative
- * error under 2e-7), 2^n put into the exponent bits. Below -87 the result underflows to 0. */
-#pragma omp declare simd
-static inline float exp_nonpositive(float x) {
-    x = x < -87.0f ? -87.0f : x;
-    const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f; /* round to nearest: 1.5 * 2^23 */
-    const float r = (x - n * 0.693145751953125f) - n * 1.42860682030941723e-6f;
-    float p = 1.0f / 720.0f;
-    p = p * r + 1.0f / 120.0f;
-    p = p * r + 1.0f / 24.0f;
-    p = p * r + 1.0f / 6.0f;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
-    union { int32_t i; float f; } scale = {.i = ((int32_t)n + 127) << 23};
-    return p * scale.f;
-}
 
 /* 16 floats: the compiler lowers it to one AVX-512 register, two AVX ones, or four NEON ones. */
 typedef float vf __attribute__((vector_size(64)));
@@ -180,7 +163,7 @@ static void decode_item(const float *q, const float *k_cache, const float *v_cac
         float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
         for (int t = 0; t < seq_len; t++) {
-            s[t] = exp_nonpositive(s[t] - mx);
+            s[t] = exp_clamped(s[t] - mx);
             sum += s[t];
         }
         inv_sum[hi] = 1.0f / sum;

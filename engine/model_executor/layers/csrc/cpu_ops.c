@@ -5,11 +5,13 @@
  * The arithmetic follows transformers' order (rms: x * rsqrt(mean(x^2) + eps), then times weight;
  * rope: x1 * cos - x2 * sin, x2 * cos + x1 * sin; silu: g / (1 + exp(-g)), times up), and the build
  * turns off fused multiply-add contraction, so every product is rounded as torch rounds it. Two things
- * differ from torch: the order of the sum of squares, and silu's exp (a polynomial within 2e-7 of it).
+ * differ from torch: the order of the sum of squares, and silu's exp (csrc/exp_simd.h, within 2e-7 of it).
  */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+
+#include "../../csrc/exp_simd.h"
 
 int stepscope_cpu_ops_abi(void) { return 1; }
 
@@ -88,31 +90,6 @@ int stepscope_qk_norm_rope_f32(const float *qkv, int64_t qkv_stride, int64_t tok
     return 0;
 }
 
-/* 16 floats (or int32s): the compiler lowers it to one AVX-512 register, two AVX ones, or four NEON ones. */
-typedef float vf __attribute__((vector_size(64)));
-typedef int32_t vi __attribute__((vector_size(64)));
-#define VL 16
-
-/* e^x, 16 lanes at a time (libm's expf is a call per element): x = n ln2 + r with |r| <= ln2/2, e^r by
- * its degree-6 Taylor polynomial (relative error under 2e-7), 2^n put into the exponent bits. x is
- * clamped to [-87, 88], inside float's normal range. */
-static inline vf exp_vf(vf x) {
-    const vf zero = {0}, lo = zero - 87.0f, hi = zero + 88.0f;
-    vi below = x < lo, above = x > hi;
-    x = (vf)(((vi)x & ~below) | ((vi)lo & below));
-    x = (vf)(((vi)x & ~above) | ((vi)hi & above));
-    const vf n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f; /* round to nearest: 1.5 * 2^23 */
-    const vf r = (x - n * 0.693145751953125f) - n * 1.42860682030941723e-6f;
-    vf p = r * (1.0f / 720.0f) + 1.0f / 120.0f;
-    p = p * r + 1.0f / 24.0f;
-    p = p * r + 1.0f / 6.0f;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
-    const vi bits = (__builtin_convertvector(n, vi) + 127) << 23;
-    return p * (vf)bits;
-}
-
 /* out[r] = silu(gate) * up, where row r of x holds gate (dim floats) then up (dim floats). */
 void stepscope_silu_and_mul_f32(const float *x, int64_t x_stride, int64_t rows, int dim, float *out,
                                 int64_t out_stride, int num_threads) {
@@ -120,18 +97,8 @@ void stepscope_silu_and_mul_f32(const float *x, int64_t x_stride, int64_t rows, 
     for (int64_t r = 0; r < rows; r++) {
         const float *g = x + r * x_stride, *u = g + dim;
         float *o = out + r * out_stride;
-        int d = 0;
-        for (; d + VL <= dim; d += VL) {
-            vf gv, uv;
-            memcpy(&gv, g + d, sizeof gv);
-            memcpy(&uv, u + d, sizeof uv);
-            const vf ov = gv / (1.0f + exp_vf(-gv)) * uv;
-            memcpy(o + d, &ov, sizeof ov);
-        }
-        for (; d < dim; d++) {
-            vf gv = {0};
-            gv[0] = g[d];
-            o[d] = (gv / (1.0f + exp_vf(-gv)))[0] * u[d];
-        }
+        /* 16 lanes: left to itself GCC picks 8 (AVX2 width) here, 35 % slower on an AVX-512 Xeon. */
+#pragma omp simd simdlen(16)
+        for (int d = 0; d < dim; d++) o[d] = g[d] / (1.0f + exp_clamped(-g[d])) * u[d];
     }
 }
