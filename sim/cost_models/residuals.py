@@ -66,7 +66,7 @@ class ResidualSampler:
         levels = run_levels(ratios, segments)
         self.ratios = ratios
         if len(levels) > 1:  # this replay runs at one drawn run's level; the scatter is relative to each run's own
-            own = np.repeat(levels, [hi - lo for lo, hi in zip(bounds[:-1], bounds[1:]) if hi > lo], axis=0)
+            own = np.repeat(levels, [n for n in segments if n > 0], axis=0)
             self.ratios = ratios / own * levels[self.rng.integers(len(levels))]
         self.drawn: list[np.ndarray] = []
 

@@ -139,7 +139,7 @@ class LlamaModel(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         hidden, residual = self.embed_tokens(input_ids), None
         # Looked up once per forward, shared by every layer; cpu_ops' fused q/k kernel reads the cache itself.
-        native = hidden.device.type == "cpu" and cpu_ops.usable(hidden)
+        native = cpu_ops.usable(hidden)
         rope = RopeInputs(positions, None if native else self.rotary_emb.cos_sin(positions))
         for layer in self.layers:
             hidden, residual = layer(rope, hidden, residual)
