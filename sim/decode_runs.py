@@ -77,10 +77,12 @@ class DecodeRuns:
         self._last_step = 0.0  # seconds of the last step of the last run
 
     def ready(self) -> bool:
-        """Every running request is a plain decode and nothing else waits to happen before the next step."""
+        """Every running request is a plain decode and nothing else waits to happen before the next step.
+        Finishes still to be announced do not count: the next schedule() only hands them to the workers,
+        which the simulator has none of (the loop told the fake runner when they finished)."""
         s = self.scheduler
         running = s.running
-        if (not running or s.waiting or s.finished_req_ids or s.has_pending_outputs() or s.has_placeholders
+        if (not running or s.waiting or s.has_pending_outputs() or s.has_placeholders
                 or len(running) > s.max_num_scheduled_tokens or not self.recorder.is_between_steps()):
             return False
         for req in running:
@@ -104,6 +106,8 @@ class DecodeRuns:
                 self._last_step = run.ends[-1] - run.starts[-1]
         finally:
             self.num_steps += run.done
+            if run.done and self.scheduler.finished_req_ids:
+                self.scheduler.finished_req_ids = set()  # announced by the run's first step, as schedule() does
             for i, req in enumerate(run.running):
                 _catch_up(req, run.tokens[i], run.applied[i], run.done)
                 req.num_computed_tokens = run.computed0[i] + run.done
