@@ -2,8 +2,8 @@
 roofline model of llama-3.1-8b on an H200, trace written and summarised, as `sim replay` does.
 
 Run from the repo root: `python bench/sim_speed.py [--max-requests N] [--trace-level full|steps|none]
-[--workload FILE.yaml] [--other-levels] [--profile]`. Prints `steps/s: <n> steps/s` (simulated steps per second of the
-event loop, recording included), `azure conv replay: <seconds> s` (end to end: request stream, loop,
+[--workload FILE.yaml] [--other-levels] [--profile] [--repeats N]`. Prints `steps/s: <n> steps/s`
+(simulated steps per second of the event loop, recording included), `azure conv replay: <seconds> s` (end to end: request stream, loop,
 trace compaction, summary), `cpu time: <seconds> s` (this process, all threads: steadier than wall time
 on a shared machine), `peak rss: <n> MB` (the process's peak resident memory, summary included) and
 `peak rss by phase: simulation <n> MB, summary <n> MB` (the peak of each: the simulation's includes
@@ -13,6 +13,7 @@ it. The memory check of a long run, 200k Poisson requests (14.6M decision rows, 
 keep under 1 GB. `--profile` prints the loop's top functions by own time for the first 1,000 requests.
 `--other-levels` then replays again at each other trace level and prints one `trace level <level>: ...`
 line each (replay, loop, steps/s, cpu time), so the cost of recording shows beside the full trace's.
+`--repeats N` replays N times: the time lines are then medians, and `replay each:` lists every replay.
 If the roofline model is not importable, a fixed-cost stand-in is used and the output says so.
 """
 from __future__ import annotations
@@ -22,6 +23,7 @@ import cProfile
 import os
 import pstats
 import resource
+import statistics
 import sys
 import tempfile
 import time
@@ -103,21 +105,30 @@ def main() -> int:
     p.add_argument("--other-levels", action="store_true",
                    help="then replay at the other trace levels too, one timing line each")
     p.add_argument("--profile", action="store_true", help="profile the loop on the first 1,000 requests first")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="replay this many times; the time lines are medians (a shared machine drifts by a third)")
     args = p.parse_args()
     if args.profile:
         with tempfile.TemporaryDirectory() as d:
             replay(1000, d, profile=True, trace_level=args.trace_level, workload=args.workload)
-    cpu0 = time.process_time()
-    with tempfile.TemporaryDirectory() as d:
-        (result, summary), total, label, peaks = replay(args.max_requests, d, trace_level=args.trace_level,
-                                                        workload=args.workload)
-    cpu = time.process_time() - cpu0
+    totals, cpus, loops = [], [], []
+    for _ in range(max(1, args.repeats)):
+        cpu0 = time.process_time()
+        with tempfile.TemporaryDirectory() as d:
+            (result, summary), total, label, peaks = replay(args.max_requests, d, trace_level=args.trace_level,
+                                                            workload=args.workload)
+        totals.append(total)
+        cpus.append(time.process_time() - cpu0)
+        loops.append(result.wall_time)
+    total, cpu = statistics.median(totals), statistics.median(cpus)
     print(f"cost model: {label}; trace level {args.trace_level}; {result.num_requests} requests, {result.num_steps} steps, "
           f"{result.sim_time:.0f} s simulated, loop {result.wall_time:.1f} s")
     print(format_sim_summary(summary))
-    print(f"steps/s: {result.num_steps / result.wall_time:.0f} steps/s")
+    print(f"steps/s: {result.num_steps / statistics.median(loops):.0f} steps/s")
     name = "azure conv" if args.workload == AZURE_CONV else os.path.basename(args.workload)
     print(f"{name} replay: {total:.1f} s")
+    if len(totals) > 1:
+        print(f"replay each: {', '.join(f'{t:.1f}' for t in totals)} s (median above)")
     print(f"cpu time: {cpu:.1f} s")
     # ru_maxrss is in KiB on Linux: the whole run's peak, the summary included. Resetting VmHWM between
     # the phases does not lower it where the kernel keeps the maximum itself; the larger figure is the peak.
