@@ -3,9 +3,9 @@ roofline model of llama-3.1-8b on an H200, trace written and summarised, as `sim
 
 Run from the repo root: `python bench/sim_speed.py [--max-requests N] [--trace-level full|steps|none]
 [--workload FILE.yaml] [--other-levels] [--profile] [--repeats N]`. Prints `steps/s: <n> steps/s`
-(simulated steps per second of the event loop, recording included), `azure conv replay: <seconds> s` (end to end: request stream, loop,
-trace compaction, summary), `cpu time: <seconds> s` (this process, all threads: steadier than wall time
-on a shared machine), `peak rss: <n> MB` (the process's peak resident memory, summary included) and
+(simulated steps per second of the event loop, recording included), `azure conv replay: <seconds> s`
+(end to end: request stream, loop, trace compaction, summary), `cpu time: <seconds> s` (this process, all
+threads: steadier than wall time on a shared machine), `peak rss: <n> MB` (the process's peak resident memory, summary included) and
 `peak rss by phase: simulation <n> MB, summary <n> MB` (the peak of each: the simulation's includes
 the trace compaction). `--workload` replays another workload file instead; the replay line then names
 it. The memory check of a long run, 200k Poisson requests (14.6M decision rows, a few minutes), is

@@ -111,8 +111,8 @@ class CalibratedCostModel:
         self.profile = profile or {}
         self.path = path
         laws = self.profile.get("parts") or {}
-        self._laws = {p: ([float(laws[p]["coefficients"].get(k, 0.0)) for k in PART_TERMS[p]], float(laws[p]["mean_ratio"]))
-                      for p in PARTS if p in laws}
+        self._laws = {p: ([float(laws[p]["coefficients"].get(k, 0.0)) for k in PART_TERMS[p]],
+                          float(laws[p]["mean_ratio"])) for p in PARTS if p in laws}
         self._laws["device"] = (self._coef, self._laws.get("device", (None, 1.0))[1])
         table = self.profile.get("residuals")
         self.seed = seed

@@ -20,8 +20,8 @@ GAP_TERMS = ("g0", "g_seq", "g_pseq")
 PART_TERMS = {"device": DEVICE_TERMS, "host": HOST_TERMS, "gap": GAP_TERMS}
 PARTS = tuple(PART_TERMS)
 TERM_UNITS = {"c0": "step", "c_p": "prefill token", "c_d": "decode token", "c_ctx": "context token",
-              "c_attn": "prefill attention pair", "c_seq": "sequence", "c_pseq": "prefill sequence", "h0": "step", "h_seq": "sequence",
-              "h_pseq": "prefill sequence", "h_tok": "token", "g0": "step", "g_seq": "sequence",
+              "c_attn": "prefill attention pair", "c_seq": "sequence", "c_pseq": "prefill sequence", "h0": "step",
+              "h_seq": "sequence", "h_pseq": "prefill sequence", "h_tok": "token", "g0": "step", "g_seq": "sequence",
               "g_pseq": "prefill sequence"}
 
 
