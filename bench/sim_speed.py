@@ -2,18 +2,18 @@
 roofline model of llama-3.1-8b on an H200, trace written and summarised, as `sim replay` does.
 
 Run from the repo root: `python bench/sim_speed.py [--max-requests N] [--trace-level full|steps|none]
-[--workload FILE.yaml] [--other-levels] [--profile] [--repeats N]`. Prints `steps/s: <n> steps/s`
-(simulated steps per second of the event loop, recording included), `azure conv replay: <seconds> s`
-(end to end: request stream, loop, trace compaction, summary), `cpu time: <seconds> s` (this process, all
-threads: steadier than wall time on a shared machine), `peak rss: <n> MB` (the process's peak resident memory, summary included) and
-`peak rss by phase: simulation <n> MB, summary <n> MB` (the peak of each: the simulation's includes
-the trace compaction). `--workload` replays another workload file instead; the replay line then names
-it. The memory check of a long run, 200k Poisson requests (14.6M decision rows, a few minutes), is
-`python bench/sim_speed.py --workload bench/workloads/poisson_200k.yaml`: its `peak rss` is the figure to
-keep under 1 GB. `--profile` prints the loop's top functions by own time for the first 1,000 requests.
-`--other-levels` then replays again at each other trace level and prints one `trace level <level>: ...`
-line each (replay, loop, steps/s, cpu time), so the cost of recording shows beside the full trace's.
-`--repeats N` replays N times: the time lines are then medians, and `replay each:` lists every replay.
+[--workload FILE.yaml] [--other-levels] [--profile] [--repeats N]`. Prints `steps/s: <n> steps/s` (simulated
+steps per second of the event loop, recording included), `azure conv replay: <seconds> s` (end to end: request
+stream, loop, trace compaction, summary), `cpu time: <seconds> s` (this process, all threads: steadier than
+wall time on a shared machine), `peak rss: <n> MB` (the process's peak resident memory, summary included) and
+`peak rss by phase: simulation <n> MB, summary <n> MB` (the peak of each: the simulation's includes the trace
+compaction). `--workload` replays another workload file instead; the replay line then names it. The memory
+check of a long run, 200k Poisson requests (14.6M decision rows, a few minutes), is `python bench/sim_speed.py
+--workload bench/workloads/poisson_200k.yaml`: its `peak rss` is the figure to keep under 1 GB. `--profile`
+prints the loop's top functions by own time for the first 1,000 requests. `--other-levels` then replays again
+at each other trace level and prints one `trace level <level>: ...` line each (replay, loop, steps/s, cpu
+time), so the cost of recording shows beside the full trace's. `--repeats N` replays N times: the time lines
+are then medians, and `replay each:` lists every replay.
 If the roofline model is not importable, a fixed-cost stand-in is used and the output says so.
 """
 from __future__ import annotations
