@@ -164,3 +164,18 @@ def append_output_tokens(req: Request, new_ids: list[int], max_model_len: int) -
         if check_stop(req, max_model_len):
             return new_ids[:k + 1], True
     return new_ids, False
+
+
+def admission_error(req: Request, max_model_len: int, block_size: int, num_usable_blocks: int) -> str | None:
+    """Why `req` could never run, or None: such a request is rejected when added, not left to stall the
+    queue. `max_tokens` is already set (the scheduler fills in a missing one)."""
+    n = req.num_prompt_tokens
+    if n == 0:
+        return "prompt is empty"
+    if n >= max_model_len:  # vLLM 0.32's input processor: room for at least one output token
+        return f"prompt has {n} tokens, longer than max_model_len={max_model_len} allows (one output token must fit too)"
+    need = -(-min(n + req.max_tokens, max_model_len) // block_size)
+    if need > num_usable_blocks:
+        return (f"prompt {n} + max_tokens {req.max_tokens} needs {need} KV blocks of {block_size} tokens "
+                f"but the cache has {num_usable_blocks}")
+    return None

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable
 from engine.core.config import CacheConfig, SchedulerConfig
 from engine.core.kv_cache_manager import KVCacheManager
 from engine.core.outputs import EngineCoreOutput, EngineCoreOutputs, ModelRunnerOutput, SchedulerStats
-from engine.core.request import Request, RequestStatus, append_output_tokens, check_stop
+from engine.core.request import Request, RequestStatus, admission_error, append_output_tokens, check_stop
 from engine.core.request_queue import create_request_queue
 from engine.core.sched_output import NO_BLOCK_IDS, CachedRequestData, NewRequestData, SchedulerOutput
 
@@ -65,7 +65,8 @@ class Scheduler:
             request.block_size = self.block_size
             request.block_hashes = []
             request.update_block_hashes()
-        reason = self._admission_error(request)
+        reason = admission_error(request, self.max_model_len, self.block_size,
+                                 self.kv_cache_manager.block_pool.num_usable_blocks)
         if reason is not None:
             request.status = RequestStatus.FINISHED_ERROR
             request.error = reason
@@ -75,21 +76,6 @@ class Scheduler:
         self.waiting.add_request(request)
         self.requests[request.request_id] = request
         return True
-
-    def _admission_error(self, request: Request) -> str | None:
-        n = request.num_prompt_tokens
-        if n == 0:
-            return "prompt is empty"
-        if n >= self.max_model_len:  # vLLM 0.32's input processor: room for at least one output token
-            return (f"prompt has {n} tokens, longer than max_model_len={self.max_model_len} allows "
-                    "(one output token must fit too)")
-        most_tokens = min(n + request.max_tokens, self.max_model_len)
-        need = -(-most_tokens // self.block_size)
-        have = self.kv_cache_manager.block_pool.num_usable_blocks
-        if need > have:
-            return (f"prompt {n} + max_tokens {request.max_tokens} needs {need} KV blocks of "
-                    f"{self.block_size} tokens but the cache has {have}")
-        return None
 
     # ---- one step --------------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
