@@ -173,7 +173,8 @@ def admission_error(req: Request, max_model_len: int, block_size: int, num_usabl
     if n == 0:
         return "prompt is empty"
     if n >= max_model_len:  # vLLM 0.32's input processor: room for at least one output token
-        return f"prompt has {n} tokens, longer than max_model_len={max_model_len} allows (one output token must fit too)"
+        return (f"prompt has {n} tokens, longer than max_model_len={max_model_len} allows "
+                "(one output token must fit too)")
     need = -(-min(n + req.max_tokens, max_model_len) // block_size)
     if need > num_usable_blocks:
         return (f"prompt {n} + max_tokens {req.max_tokens} needs {need} KV blocks of {block_size} tokens "
