@@ -8,7 +8,10 @@ Each term is a physical cost (fixed launch/weight read, per-token matmuls, KV re
 per-sequence bookkeeping, what a prefill sequence costs beyond its tokens), so a cost can never be
 negative: the fit is NNLS, not plain least squares. Without c_pseq, a law fitted on a run of short
 prompts put their many small prefills' fixed cost into c_p and timed another run's longer prompts 8-28 %
-slow (our engine and vLLM-CPU, 5 of 5 held-out runs of bench/fidelity.py); with it, -4 to +16 %.
+slow (our engine and vLLM-CPU, 5 of 5 held-out runs of bench/fidelity.py); with it, -4 to +16 %. What
+the term stands for is measured in runs only (2.3 ms on our engine, 4.6 ms on vLLM-CPU): a lone 16-token
+prefill costs our engine about what a decode step does, so it is not the attention call per sequence;
+in a run, prefills follow waits and join running decodes.
 The host phases and the gap before the next step have laws of their own, and the measured scatter
 around all three is replayed from the profile's residual table (sim.cost_models.residuals).
 """
