@@ -10,8 +10,8 @@ negative: the fit is NNLS, not plain least squares. Without c_pseq, a law fitted
 prompts put their many small prefills' fixed cost into c_p and timed another run's longer prompts 8-28 %
 slow (our engine and vLLM-CPU, 5 of 5 held-out runs of bench/fidelity.py); with it, -4 to +16 %. What
 the term stands for is measured in runs only (2.3 ms on our engine, 4.6 ms on vLLM-CPU): a lone 16-token
-prefill costs our engine about what a decode step does, so it is not the attention call per sequence;
-in a run, prefills follow waits and join running decodes.
+prompt took our engine 5.4 ms through LLM.generate against 3.4 ms per decode step, its tokens' worth and
+no more, so it is not the attention call per sequence; in a run, prefills follow waits and join decodes.
 The host phases and the gap before the next step have laws of their own, and the measured scatter
 around all three is replayed from the profile's residual table (sim.cost_models.residuals).
 """
