@@ -34,6 +34,11 @@ READABLE_FORMAT_VERSIONS = (1, 2, 3)
 COEFFICIENTS = ("c0", "c_p", "c_d", "c_ctx", "c_attn", "c_seq", "c_pseq")
 # Terms added after a profile format first shipped: 0 where an older profile has none.
 LATER_COEFFICIENTS = frozenset({"c_pseq"})
+
+
+def coefficient(coefficients: dict[str, Any], name: str) -> Any:
+    """A law's coefficient as stored; a term newer than the profile reads as 0, any other missing raises."""
+    return coefficients.get(name, 0.0) if name in LATER_COEFFICIENTS else coefficients[name]
 UNITS = {"c0": "s/step", "c_p": "s/prefill token", "c_d": "s/decode token", "c_ctx": "s/context token",
          "c_attn": "s/prefill attention pair", "c_seq": "s/sequence", "c_pseq": "s/prefill sequence"}
 
@@ -108,13 +113,12 @@ class CalibratedCostModel:
 
     def __init__(self, coefficients: dict[str, float], profile: dict[str, Any] | None = None,
                  path: str | None = None, seed: int | None = None) -> None:
-        self.coefficients = {k: float(coefficients.get(k, 0.0) if k in LATER_COEFFICIENTS else coefficients[k])
-                             for k in COEFFICIENTS}
+        self.coefficients = {k: float(coefficient(coefficients, k)) for k in COEFFICIENTS}
         self._coef = [self.coefficients[k] for k in COEFFICIENTS]
         self.profile = profile or {}
         self.path = path
         laws = self.profile.get("parts") or {}
-        self._laws = {p: ([float(laws[p]["coefficients"].get(k, 0.0)) for k in PART_TERMS[p]],
+        self._laws = {p: ([float(coefficient(laws[p]["coefficients"], k)) for k in PART_TERMS[p]],
                           float(laws[p]["mean_ratio"])) for p in PARTS if p in laws}
         self._laws["device"] = (self._coef, self._laws.get("device", (None, 1.0))[1])
         table = self.profile.get("residuals")
