@@ -105,6 +105,48 @@ class Scheduler:
     def _schedule_running(self, out: SchedulerOutput, budget: int, threshold: int) -> int:
         """Give each running request the tokens it has left, as far as the budget goes, preempting from
         the back of the line when a block is short; returns the budget left."""
+        start = 0
+        if not self.has_placeholders and len(self.running) <= budget:
+            start = self._schedule_decodes(out)
+            budget -= start
+            if start == len(self.running):
+                return budget
+        return self._schedule_rest(out, budget, threshold, start)
+
+    def _schedule_decodes(self, out: SchedulerOutput) -> int:
+        """Synchronous scheduling's common case, taken first: a leading run of plain decodes (one token
+        left, an output token, blocks that do not run short). The budget covers every running request,
+        so nothing here can be capped or preempted, and each gets exactly what `_schedule_rest` would
+        give it. Returns how many it scheduled; the rest goes through `_schedule_rest`."""
+        kv = self.kv_cache_manager
+        slot_limit = kv.slot_limit
+        last = self.max_model_len - 1
+        cached = out.scheduled_cached_reqs
+        run_ids, run_computed, run_block_ids = cached.req_ids, cached.num_computed_tokens, cached.new_block_ids
+        for req in self.running:
+            computed = req.num_computed_tokens
+            if len(req.all_token_ids) - computed != 1 or computed >= last or not req.output_token_ids:
+                break
+            rid = req.request_id
+            if computed < slot_limit[rid]:
+                block_ids = NO_BLOCK_IDS
+            else:
+                new_blocks = kv.allocate_slots(req, 1)
+                if new_blocks is None:
+                    break  # short of a block: _schedule_rest retries it and preempts
+                block_ids = [b.block_id for b in new_blocks] if new_blocks else NO_BLOCK_IDS
+            run_ids.append(rid)
+            run_computed.append(computed)
+            run_block_ids.append(block_ids)
+            req.num_computed_tokens = computed + 1
+            req.num_in_flight_tokens += 1
+            req.is_prefill_chunk = False
+        out.num_scheduled_tokens = dict.fromkeys(run_ids, 1)  # taken first: nothing scheduled before
+        out.decode_req_ids.update(run_ids)
+        return len(run_ids)
+
+    def _schedule_rest(self, out: SchedulerOutput, budget: int, threshold: int, start: int) -> int:
+        """The general rule for running requests from `start` on."""
         kv = self.kv_cache_manager
         running = self.running
         max_model_len = self.max_model_len
@@ -116,7 +158,7 @@ class Scheduler:
         run_ids, run_computed, run_block_ids = cached.req_ids, cached.num_computed_tokens, cached.new_block_ids
         decode_ids = out.decode_req_ids
         preempted = out.preempted_req_ids
-        for req in running.copy():  # a preemption removes its victim from self.running, not from this copy
+        for req in running[start:]:  # a preemption removes its victim from self.running, not from this copy
             if budget <= 0:
                 break
             if preempted and req.status != RequestStatus.RUNNING:
