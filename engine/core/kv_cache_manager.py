@@ -74,6 +74,8 @@ class KVCacheManager:
         if not self.enable_caching:
             return [], 0
         max_hit_blocks = (request.num_tokens - 1) // self.block_size
+        if len(request.block_hashes) < max_hit_blocks:  # output tokens are hashed when read (a resumed request)
+            request.update_block_hashes()
         get = self.block_pool.cached_block_hash_to_block.get
         blocks: list[KVCacheBlock] = []
         for block_hash in request.block_hashes[:max_hit_blocks]:
@@ -197,7 +199,9 @@ class KVCacheManager:
         """Publish blocks that become full with this step's tokens (their content is known now)."""
         num_full = num_tokens // self.block_size
         if num_full > len(request.block_hashes):
-            num_full = len(request.block_hashes)
+            request.update_block_hashes()  # the scheduler hashes output tokens only when they are read
+            if num_full > len(request.block_hashes):
+                num_full = len(request.block_hashes)
         if num_full > len(req_blocks):
             num_full = len(req_blocks)
         num_cached = self.num_cached_block[request.request_id]

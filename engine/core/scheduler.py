@@ -330,13 +330,16 @@ class Scheduler:
             by_id = dict(zip(model_runner_output.req_ids, sampled))
             sampled = [by_id.get(req_id) for req_id in num_scheduled]
         for (req_id, num_tokens), new_ids in zip(num_scheduled.items(), sampled):
-            req = requests.get(req_id)
-            if req is None:
+            try:
+                req = requests[req_id]
+            except KeyError:
                 continue  # finished (or aborted) while this step was in flight
             req.num_in_flight_tokens -= num_tokens
-            stale = req.num_stale_output_tokens > 0
-            if stale:
+            if req.num_stale_output_tokens:
                 req.num_stale_output_tokens -= num_tokens
+                stale = True
+            else:
+                stale = False
             if not new_ids:
                 continue
             status_before = req.status
@@ -347,10 +350,9 @@ class Scheduler:
                 req.output_token_ids.append(tok)
                 all_ids = req.all_token_ids
                 all_ids.append(tok)
-                num_tokens = len(all_ids)
-                if req.block_size and num_tokens % req.block_size == 0:
-                    req.update_block_hashes()
-                done = ((num_tokens >= req.num_tokens_limit or tok in req.stop_token_set)
+                # Its block hashes follow when they are read (KVCacheManager hashes a request's filled
+                # blocks before it publishes or looks them up), not here for every token.
+                done = ((len(all_ids) >= req.num_tokens_limit or tok in req.stop_token_set)
                         and check_stop(req, max_model_len))
             else:
                 new_ids, done = append_output_tokens(req, new_ids, max_model_len)
