@@ -25,7 +25,7 @@ from sim.batch import StepBatch
 from sim.cost_models.calibrated import (PROFILE_FORMAT_VERSION, PROFILE_KIND, device_label, model_label,
                                         trace_identity)
 from sim.cost_models.parts import PART_TERMS, PARTS, TERM_UNITS, batch_range, part_matrix
-from sim.cost_models.residuals import residual_table, run_levels
+from sim.cost_models.residuals import levels_from, residual_table, run_levels
 from sim.cost_models.roofline import DTYPE_BYTES, effective_from_coefficients, model_shape
 from sim.fit import fit_mean_law, part_stats, ratios
 from sim.intake import fit_intake
@@ -211,9 +211,12 @@ def report_lines(profile: dict[str, Any], output: str | None = None) -> list[str
     lines.append(f"residuals: all {len(dev)} steps kept as a table sampled in blocks of {res['block_steps']} steps "
                  f"(device measured/law p5 {np.percentile(dev, 5):.2f}, p50 {np.percentile(dev, 50):.2f}, "
                  f"p95 {np.percentile(dev, 95):.2f}, max {dev.max():.2f})")
-    levels = run_levels(np.asarray(res["ratios"], dtype=float), res.get("segments", [len(dev)]))
+    segments = res.get("segments", [len(dev)])
+    level_segments = levels_from(segments)
+    levels = run_levels(np.asarray(res["ratios"], dtype=float), level_segments)
     if len(levels) > 1:
-        lines.append(f"run levels (device measured/law, per calibration run): "
+        what = "per calibration run" if level_segments is segments else "per part of the one calibration run"
+        lines.append(f"run levels (device measured/law, {what}): "
                      f"{', '.join(f'{v:.2f}' for v in levels[:, 0])}; each sampled replay runs at one of them")
     intake = profile.get("intake")
     if intake:

@@ -116,7 +116,7 @@ def test_calibrate_reports_leave_one_trace_out_per_part(engine_like):
 
 
 def test_residual_blocks_are_runs_of_consecutive_measured_steps_and_repeat_with_the_seed():
-    table = residual_table(np.column_stack([np.arange(1, 201) / 100.0] * 3), [200])
+    table = residual_table(np.column_stack([np.arange(1, 151) / 100.0] * 3), [150])  # too short to split
     table["block_steps"] = 10
     a, b = ResidualSampler(table, 3), ResidualSampler(table, 3)
     draws = np.array([a.at(i)[0] for i in range(100)])
@@ -139,6 +139,27 @@ def test_a_replay_sampled_from_several_runs_runs_at_one_drawn_run_s_speed():
         assert len(draws) == 1
         levels |= draws
     assert levels == {1.0, 2.0}
+
+
+def test_one_calibration_run_lends_its_parts_levels_to_sampled_replays_in_turn():
+    """A single run whose machine ran twice as slow in its second half: the drift within it is what the
+    intervals must show, so replays run at either half's level, seeds 0..N-1 taking them in turn."""
+    drifting = np.column_stack([np.r_[np.full(200, 1.0), np.full(200, 2.0)]] + [np.ones(400)] * 2)
+    table = residual_table(drifting, [400])
+    table["block_steps"] = 5
+    drawn = [{float(ResidualSampler(table, seed).at(i)[0]) for i in range(60)} for seed in range(8)]
+    assert all(len(d) == 1 for d in drawn)
+    assert [d.pop() for d in drawn] == [1.0, 1.0, 2.0, 2.0] * 2
+
+
+def test_calibration_report_names_the_levels_of_one_run_s_parts(engine_like):
+    from sim.calibrate import report_lines
+
+    profile, _ = calibrate([traces.load(engine_like / "a")])
+    drifting = np.column_stack([np.r_[np.full(200, 1.0), np.full(200, 2.0)]] + [np.ones(400)] * 2)
+    profile["residuals"] = residual_table(drifting, [400])  # a run long enough to be split
+    line = next(x for x in report_lines(profile) if x.startswith("run levels"))
+    assert "per part of the one calibration run" in line and "1.00, 1.00, 2.00, 2.00;" in line
 
 
 def test_within_run_scatter_rides_on_the_drawn_run_s_level():
