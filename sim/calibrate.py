@@ -221,9 +221,11 @@ def report_lines(profile: dict[str, Any], output: str | None = None) -> list[str
     intake = profile.get("intake")
     if intake:
         first = intake.get("first_wake_s")
+        admits = {True: "arrivals during it join the first step", False: "arrivals during it wait a step",
+                  None: "none arrived during it: taken to join"}[intake.get("cold_admits_arrivals")]
         lines.append(f"intake: an idle engine adds an arrival after {_seconds(intake['wake_s'])} (median of "
                      f"{intake['num_wakes']} wake-ups; the run's first, cold: "
-                     f"{_seconds(first) if first is not None else 'not seen'}), then "
+                     f"{_seconds(first) + '; ' + admits if first is not None else 'not seen'}), then "
                      f"{_seconds(intake['per_request_s'])} per request (median of {intake['num_adds']} adds)")
     eff = profile.get("effective")
     if eff and "error" not in eff:

@@ -8,10 +8,15 @@ calibration's gap law counts only while the engine is busy. Left out, a burst th
 one step is split by the simulator into a first request alone and the rest one step later, and TTFT
 shifts by a whole prefill step. Both quantities are read off a trace's `arrival` and `queued` times.
 
-The run's first add is cold (vLLM-CPU: 11 ms against 1 ms later). That time is spent adding, not
-noticing: requests that arrive during it wait for the next step (vLLM took 2 of a burst of 6 arriving
-within 3.5 ms into its first step, in 2 of 2 runs), so the replay looks at its queue after a warm wake
-and then pays the cold rest before its step.
+The run's first add is cold (vLLM-CPU: 11-22 ms against 1 ms later; this engine: 2-14 ms against
+0.5 ms). What arrives during it depends on the engine, and the trace shows which. vLLM-CPU spends it
+adding (its front end processes requests one by one before the engine core sees them): requests that
+arrive meanwhile mostly wait for the next step (of those arriving between the first request's arrival
+and its queued time, 9 joined the first step and 21 waited, in 6 held-out runs of bench/fidelity.py;
+0 and 11 in its training runs). This engine spends it before adding, then adds what has arrived (33
+joined, 1 waited, in 9 held-out runs). `fit_intake` reads it off the first wake-up of the calibration
+runs; where none arrived in that window (this engine's training runs), the engine is taken to add what
+arrived before its first add ended, the simpler of the two.
 """
 from __future__ import annotations
 
@@ -30,11 +35,12 @@ class Intake:
     from the measured delays, as the residual table is drawn), and per request added after it."""
 
     def __init__(self, wake_s: float = 0.0, per_request_s: float = 0.0, wake_samples: list[float] | None = None,
-                 seed: int | None = None, first_wake_s: float | None = None) -> None:
+                 seed: int | None = None, first_wake_s: float | None = None, cold_admits_arrivals: bool = True) -> None:
         self.wake_s = wake_s
         self.per_request_s = per_request_s
         # The run's first add is cold (first tokenization, first allocations): slower than any later wake.
         self._first: float | None = first_wake_s
+        self.cold_admits_arrivals = cold_admits_arrivals
         self._samples = np.asarray(wake_samples or [], dtype=float)
         self._rng = np.random.default_rng(seed) if seed is not None and len(self._samples) else None
 
@@ -43,15 +49,19 @@ class Intake:
         got = profile.get("intake") or {}
         first = got.get("first_wake_s")
         return cls(float(got.get("wake_s", 0.0)), float(got.get("per_request_s", 0.0)),
-                   got.get("wake_samples_s"), seed, None if first is None else float(first))
+                   got.get("wake_samples_s"), seed, None if first is None else float(first),
+                   got.get("cold_admits_arrivals") is not False)
 
     def wake(self) -> tuple[float, float]:
         """(seconds from the arrival until the engine takes in what has arrived, seconds more that this
-        intake takes before the step: the first add's cold excess, once per run, else 0)."""
+        intake takes before the step: the first add's cold excess, once per run, where arrivals during
+        it wait for the next step, else 0)."""
         look = self.wake_s if self._rng is None else float(self._samples[self._rng.integers(len(self._samples))])
         if self._first is None:
             return look, 0.0
         first, self._first = self._first, None
+        if self.cold_admits_arrivals:
+            return first, 0.0
         return min(look, first), max(first - look, 0.0)
 
 
@@ -83,17 +93,38 @@ def intake_samples(trace: Trace) -> tuple[list[float], list[float]]:
     return wakes, adds
 
 
+def first_wake_window(trace: Trace) -> tuple[int, int]:
+    """(joined, waited): of the requests that arrived after the run's first request and before it was
+    queued (its cold first add), how many joined its first step and how many waited for a later one."""
+    req, steps = trace.requests, trace.steps
+    if not len(req) or not len(steps) or "queued" not in req:
+        return 0, 0
+    r = req[["arrival", "queued"]].apply(lambda c: c.astype(float)).dropna().sort_values("arrival")
+    if not len(r):
+        return 0, 0
+    a0, q0 = float(r["arrival"].iloc[0]), float(r["queued"].iloc[0])
+    first_start = float(steps.sort_values("step")["start"].iloc[0])
+    window = r.iloc[1:][r["arrival"].iloc[1:] <= q0]
+    joined = int((window["queued"] <= first_start).sum()) if a0 < first_start else 0
+    return joined, len(window) - joined
+
+
 def fit_intake(traces: list[Trace]) -> dict[str, Any]:
-    """The profile's `intake` entry: medians of the measured wake delays and per-request adds."""
+    """The profile's `intake` entry: medians of the measured wake delays and per-request adds, and
+    whether the run's cold first add takes in what arrives during it (None where no trace shows it)."""
     wakes, adds, firsts = [], [], []
+    joined = waited = 0
     for t in traces:
         w, a = intake_samples(t)
         if w:
             firsts.append(w[0])
             wakes += w[1:]
         adds += a
+        j, k = first_wake_window(t)
+        joined, waited = joined + j, waited + k
     kept = wakes if len(wakes) <= MAX_KEPT else list(np.quantile(wakes, np.linspace(0, 1, MAX_KEPT)))
     return {"wake_s": float(np.median(wakes)) if wakes else 0.0,
             "per_request_s": float(np.median(adds)) if adds else 0.0,
             "first_wake_s": float(np.median(firsts)) if firsts else None,
+            "cold_admits_arrivals": None if joined + waited == 0 else joined >= waited,
             "num_wakes": len(wakes), "num_adds": len(adds), "wake_samples_s": [float(w) for w in kept]}

@@ -81,14 +81,37 @@ def test_each_add_after_a_wake_up_delays_the_step(tmp_path):
     assert t.steps["start"].iloc[0] == pytest.approx(1.0013)
 
 
-def test_requests_arriving_during_the_runs_cold_first_add_wait_for_the_next_step(tmp_path):
-    """The first add is slow, not late: the engine looks after a warm wake-up, and what arrives while it
-    adds joins the step after."""
+def _burst_during_cold_first_add(tmp_path, cold_admits_arrivals: bool):
     burst = [SimRequest(request_id=f"r{i}", arrival=t, prompt_token_ids=list(range(5, 37)), max_tokens=4, add_time=t)
              for i, t in enumerate((1.0, 1.0, 1.0012, 1.0012))]
+    intake = Intake(wake_s=1e-3, per_request_s=1e-4, first_wake_s=0.011, cold_admits_arrivals=cold_admits_arrivals)
     Simulator(SchedulerConfig(max_model_len=256), CacheConfig(block_size=16, num_gpu_blocks=64),
-              _WithIntake(Intake(wake_s=1e-3, per_request_s=1e-4, first_wake_s=0.011)), tmp_path).run(burst)
-    t = traces.load(tmp_path)
+              _WithIntake(intake), tmp_path).run(burst)
+    return traces.load(tmp_path)
+
+
+def test_an_engine_that_adds_after_its_cold_first_wake_takes_what_arrived_meanwhile(tmp_path):
+    t = _burst_during_cold_first_add(tmp_path, cold_admits_arrivals=True)
+    d = t.decisions
+    assert sorted(d[(d["step"] == 0) & (d["event"] == "schedule")]["request_id"]) == ["r0", "r1", "r2", "r3"]
+    assert t.steps["start"].iloc[0] == pytest.approx(1.0 + 0.011 + 4 * 1e-4)  # one add each
+
+
+def test_the_fit_learns_whether_arrivals_during_the_cold_first_add_joined_the_first_step():
+    # r1 arrives 1 ms after r0, whose add ends at 1.011; the first step starts at 1.012 (with r1) or not.
+    joined = _trace([(1.0, 1.011), (1.001, 1.0112)], [(1.012, 1.1)])
+    waited = _trace([(1.0, 1.011), (1.001, 1.1002)], [(1.012, 1.1), (1.1003, 1.2)])
+    alone = _trace([(1.0, 1.011), (2.0, 2.0005)], [(1.012, 1.1), (2.001, 2.1)])
+    assert fit_intake([joined])["cold_admits_arrivals"] is True
+    assert fit_intake([waited])["cold_admits_arrivals"] is False
+    assert fit_intake([alone])["cold_admits_arrivals"] is None
+
+
+def test_requests_arriving_during_the_runs_cold_first_add_wait_for_the_next_step(tmp_path):
+    """Where the calibration runs showed it (vLLM-CPU's front end adds one request after another), the
+    first add is slow, not late: the engine looks after a warm wake-up, and what arrives while it adds
+    joins the step after."""
+    t = _burst_during_cold_first_add(tmp_path, cold_admits_arrivals=False)
     d = t.decisions
     assert sorted(d[(d["step"] == 0) & (d["event"] == "schedule")]["request_id"]) == ["r0", "r1"]
     assert t.steps["start"].iloc[0] == pytest.approx(1.0 + 1e-3 + 1e-4 + 1e-4 + 0.010)
