@@ -54,15 +54,16 @@ class Intake:
 
     def wake(self) -> tuple[float, float]:
         """(seconds from the arrival until the engine takes in what has arrived, seconds more that this
-        intake takes before the step: the first add's cold excess, once per run, where arrivals during
-        it wait for the next step, else 0)."""
+        intake takes before the step). The run's first wake-up takes its cold time: as the look where
+        arrivals during it join the first step, else as the time after, from the arrival on, so that
+        they wait for the next step."""
         look = self.wake_s if self._rng is None else float(self._samples[self._rng.integers(len(self._samples))])
         if self._first is None:
             return look, 0.0
         first, self._first = self._first, None
         if self.cold_admits_arrivals:
             return first, 0.0
-        return min(look, first), max(first - look, 0.0)
+        return 0.0, first
 
 
 def intake_samples(trace: Trace) -> tuple[list[float], list[float]]:

