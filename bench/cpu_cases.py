@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from collections.abc import Iterator
 
@@ -89,20 +90,22 @@ def _linear_seconds(rows: int, shapes: list[tuple[int, int]], dtype: torch.dtype
         for k, n in shapes:
             lin = torch.nn.Linear(k, n, bias=False, dtype=dtype)
             x = torch.randn(rows, k, dtype=dtype)
-            fns = [lambda lin=lin: torch.nn.functional.linear(x, lin.weight)]
+            ways = [partial(torch.nn.functional.linear, x, lin.weight)]
             if onednn_packing_available():
-                fns.append(lambda packed=PackedLinear(lin, rows): packed(x))
-            best = float("inf")
-            for fn in fns:
-                times = []
-                for _ in range(repeats + 1):
-                    t = time.perf_counter()
-                    for _ in range(10):
-                        fn()
-                    times.append((time.perf_counter() - t) / 10)
-                best = min(best, sorted(times[1:])[len(times[1:]) // 2])
-            total += best
+                ways.append(partial(PackedLinear(lin, rows), x))
+            total += min(_median_call_seconds(fn, repeats) for fn in ways)
     return total
+
+
+def _median_call_seconds(fn, repeats: int) -> float:
+    """Median over `repeats` timings (after one warm-up) of the mean time of 10 calls."""
+    times = []
+    for _ in range(repeats + 1):
+        t = time.perf_counter()
+        for _ in range(10):
+            fn()
+        times.append((time.perf_counter() - t) / 10)
+    return sorted(times[1:])[len(times[1:]) // 2]
 
 
 def workload_matmul_bound(hf_config, prompt_tokens: int, output_tokens: int, decode_rows: int,
