@@ -1,7 +1,8 @@
 """`sim compare A B`: how faithfully trace B (typically a simulator replay) reproduces trace A.
 
 Decisions are compared step by step (traces.diff: the one definition of a divergent step, which the TUI
-uses too); the first step that differs is explained request by request. Latency and throughput metrics are compared as relative errors, step times as MAPE over
+uses too), by index and once aligned around steps one trace lacks; the first step that differs is
+explained request by request. Latency and throughput metrics are compared as relative errors, step times as MAPE over
 steps aligned by index.
 """
 from __future__ import annotations
@@ -12,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from sim.attribution import attribute, format_attribution
-from traces.diff import ids_list, matching_steps
+from traces.diff import aligned_match_count, ids_list, matching_steps
 from traces.summary import summarize
 
 METRICS = tuple(f"{m}_p{q}_s" for m in ("ttft", "tpot", "e2e") for q in (50, 90, 99)) + (
@@ -86,6 +87,7 @@ def compare_traces(a: Any, b: Any) -> dict[str, Any]:
         "a": str(a.path), "b": str(b.path), "steps_a": na, "steps_b": nb,
         "requests_a": int(len(a.requests)), "requests_b": int(len(b.requests)),
         "matched_steps": matched, "decision_match_rate": matched / n if n else 1.0,
+        "aligned_matched_steps": aligned_match_count(da, na, db, nb),
         "first_divergent_step": first,
         "divergence": explain_step(da, db, first) if first is not None else [],
         "metrics": metrics, "step_time_mape": mape, "steps_aligned": k,
@@ -112,6 +114,10 @@ def format_report(r: dict[str, Any]) -> str:
              f"B: {r['b']} ({r['steps_b']} steps, {r['requests_b']} requests)",
              f"decision match: {r['decision_match_rate'] * 100:.2f}% of steps ({r['matched_steps']} of "
              f"{max(r['steps_a'], r['steps_b'])})"]
+    aligned = r.get("aligned_matched_steps")
+    if aligned is not None and aligned != r["matched_steps"]:
+        lines.append(f"decision match once aligned: {aligned / max(r['steps_a'], r['steps_b'], 1) * 100:.2f}% "
+                     f"({aligned} steps; steps one trace has and the other lacks no longer shift the rest)")
     if r["first_divergent_step"] is None:
         lines.append("first divergent step: none (identical decisions at every step)")
     else:

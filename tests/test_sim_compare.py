@@ -53,6 +53,22 @@ def test_trace_compared_with_itself_matches_at_every_step(trace_dir):
     assert r["step_time_mape"] == 0.0
 
 
+def test_a_step_inserted_early_shifts_the_index_match_but_not_the_aligned_one(tmp_path, trace_dir):
+    a = traces.load(trace_dir)
+    out = tmp_path / "b"
+    shutil.copytree(trace_dir, out)
+    d = pd.read_parquet(out / "decisions.parquet")
+    extra = d[d["step"] == 5].assign(step=5, num_tokens=99)  # a step B takes that A does not
+    d.loc[d["step"] >= 5, "step"] += 1
+    pd.concat([d, extra]).sort_values("step", kind="stable").to_parquet(out / "decisions.parquet", index=False)
+    s = pd.read_parquet(out / "steps.parquet")
+    s = pd.concat([s[s["step"] < 5], s[s["step"] == 5], s[s["step"] >= 5].assign(step=lambda x: x["step"] + 1)])
+    s.to_parquet(out / "steps.parquet", index=False)
+    r = compare_traces(a, traces.load(out))
+    assert r["first_divergent_step"] == 5 and r["matched_steps"] < len(a.steps) // 2
+    assert r["aligned_matched_steps"] == len(a.steps)
+
+
 def test_planted_token_count_change_is_found_at_its_step_and_request(tmp_path, trace_dir):
     d = traces.load(trace_dir).decisions
     rows = d.index[(d["event"] == "schedule") & (d["phase"] == "prefill")]

@@ -7,6 +7,7 @@ wrote them in; a step present in one trace only diverges. Step times never count
 """
 from __future__ import annotations
 
+import difflib
 import math
 from typing import Any
 
@@ -16,6 +17,10 @@ import pandas as pd
 _NUM = ("num_tokens", "num_computed_tokens", "prefix_hit_tokens")
 _STR = ("request_id", "event", "phase", "finish_reason")
 _LISTS = ("blocks_gained", "blocks_freed")
+# Past this many steps the aligned count is skipped: difflib's matching is quadratic at worst.
+MAX_ALIGNED_STEPS = 200_000
+
+
 def _ids(v: Any) -> bytes:
     """A block id list as int64 bytes: hashable, and cheap for Parquet's numpy arrays."""
     if isinstance(v, np.ndarray) and v.dtype == np.int64:
@@ -69,3 +74,15 @@ def matching_steps(decisions_a: pd.DataFrame, num_steps_a: int, decisions_b: pd.
     same = ga == gb
     same[min(num_steps_a, num_steps_b):] = False
     return same, da, db
+
+
+def aligned_match_count(da: pd.DataFrame, num_steps_a: int, db: pd.DataFrame, num_steps_b: int) -> int | None:
+    """Steps of normalized decisions that match once the two traces are aligned around steps one has and
+    the other lacks: a burst taken in two steps rather than one shifts every later step's index, so
+    comparing by index calls all of them divergent even where the decisions agree again. The count is
+    difflib's matching blocks over the per-step digests; None past MAX_ALIGNED_STEPS steps."""
+    if max(num_steps_a, num_steps_b) > MAX_ALIGNED_STEPS:
+        return None
+    ga, gb = step_digests(da, num_steps_a)[:num_steps_a], step_digests(db, num_steps_b)[:num_steps_b]
+    matcher = difflib.SequenceMatcher(None, ga.tolist(), gb.tolist(), autojunk=False)
+    return sum(block.size for block in matcher.get_matching_blocks())
