@@ -105,8 +105,10 @@ def first_wake_window(trace: Trace) -> tuple[int, int]:
         return 0, 0
     a0, q0 = float(r["arrival"].iloc[0]), float(r["queued"].iloc[0])
     first_start = float(steps.sort_values("step")["start"].iloc[0])
+    if a0 >= first_start:  # the trace's first step came before any arrival: no idle first wake to read
+        return 0, 0
     window = r.iloc[1:][r["arrival"].iloc[1:] <= q0]
-    joined = int((window["queued"] <= first_start).sum()) if a0 < first_start else 0
+    joined = int((window["queued"] <= first_start).sum())
     return joined, len(window) - joined
 
 

