@@ -34,6 +34,11 @@ def distinct_prompt(prompt_len: int) -> list[int]:
     return [base + k for k in range(prompt_len)]
 
 
+def one_token_each(ids: list[str], requests: dict[str, Any]) -> list[list[int]]:
+    """The fake model both sides share: one token per scheduled request, none for a prefill chunk."""
+    return [[] if requests[rid].is_prefill_chunk else [7] for rid in ids]
+
+
 class Ours:
     name = "engine.core"
 
@@ -54,8 +59,7 @@ class Ours:
 
     def output(self, so: Any, sched: Any) -> Any:
         ids = list(so.num_scheduled_tokens)
-        reqs = sched.requests
-        return self.ModelRunnerOutput(ids, [[] if reqs[rid].is_prefill_chunk else [7] for rid in ids])
+        return self.ModelRunnerOutput(ids, one_token_each(ids, sched.requests))
 
 
 class Vllm:
@@ -81,9 +85,7 @@ class Vllm:
 
     def output(self, so: Any, sched: Any) -> Any:
         ids = list(so.num_scheduled_tokens)
-        reqs = sched.requests
-        return self.m.ModelRunnerOutput(ids, {rid: i for i, rid in enumerate(ids)},
-                                        [[] if reqs[rid].is_prefill_chunk else [7] for rid in ids])
+        return self.m.ModelRunnerOutput(ids, {rid: i for i, rid in enumerate(ids)}, one_token_each(ids, sched.requests))
 
 
 def timed_step(side: Any, sched: Any) -> float:
