@@ -1,7 +1,8 @@
 """Where a replay's latency error comes from: `sim compare`'s breakdown of each metric's difference.
 
 Trace A (the engine) is re-timed three times on its own decisions, swapping in B's times one part at a
-time on the steps where both made identical decisions:
+time on the steps where both made identical decisions (each step of A paired with the step of B that
+made them, once the traces are aligned: a step one trace lacks does not unpair every later one):
 
     M0: A's decisions, A's own step parts    (A as the re-timing sees it)
     M1: ... with B's model time (execute) on identical steps
@@ -87,23 +88,25 @@ def predicted_parts(a: Any, b: Any) -> dict[str, np.ndarray] | None:
     return out
 
 
-def attribute(a: Any, b: Any, identical: np.ndarray) -> dict[str, Any]:
-    """The breakdown of B - A per metric (seconds, or tok/s for throughput); `identical[i]` is True when
-    step i made the same decisions in both traces. On the other steps B's times are the ones its
-    calibrated cost model predicts for A's batches (when B's meta has one), else A's own."""
+def attribute(a: Any, b: Any, pairs: np.ndarray, pairing: str = "aligned") -> dict[str, Any]:
+    """The breakdown of B - A per metric (seconds, or tok/s for throughput); `pairs[i]` is the step of B
+    that made the same decisions as step i of A, or -1 (traces.diff.aligned_pairs). On the unpaired steps
+    B's times are the ones its calibrated cost model predicts for A's batches (when B's meta has one),
+    else A's own. `pairing` says how the pairs were found ("aligned" or "by index"), for the report."""
     pa, pb = step_parts(a.steps), step_parts(b.steps)
-    n, k = len(pa["start"]), min(len(pa["start"]), len(pb["start"]))
-    same = np.zeros(n, dtype=bool)
-    same[:k] = identical[:k]
+    n, nb = len(pa["start"]), len(pb["start"])
+    assert len(pairs) == n, (len(pairs), n)
+    paired = (pairs >= 0) & (pairs < nb)
+    at = np.where(paired, pairs, 0)
     pred = predicted_parts(a, b)
     swap = {}
     for key in ("device", "host", "gap"):
         other = pa[key] if pred is None else pred[key]
-        swap[key] = np.where(same, np.r_[pb[key][:k], np.zeros(n - k)], other)
+        swap[key] = np.where(paired, pb[key][at] if nb else other, other)
     # A step of B's folds its gap into the step; keep A's idle waits (gap 0 after an idle step) as they are.
     if pred is not None:
-        swap["host"] = np.where(same, swap["host"], swap["host"] + np.where(pa["gap"] > 0, swap["gap"], 0.0))
-        swap["gap"] = np.where(same, swap["gap"], 0.0)
+        swap["host"] = np.where(paired, swap["host"], swap["host"] + np.where(pa["gap"] > 0, swap["gap"], 0.0))
+        swap["gap"] = np.where(paired, swap["gap"], 0.0)
     p1 = {**pa, "device": swap["device"]}
     p2 = {**p1, "host": swap["host"], "gap": swap["gap"]}
     m0, m1, m2 = (metrics_with_ends(a, retime(p)) for p in (pa, p1, p2))
@@ -113,7 +116,7 @@ def attribute(a: Any, b: Any, identical: np.ndarray) -> dict[str, Any]:
         v = [m.get(name, np.nan) for m in (ma, m0, m1, m2, mb)]
         out[name] = {"a": v[0], "b": v[4], "total": v[4] - v[0], "step_time": v[2] - v[1],
                      "host_gap": v[3] - v[2], "divergence": v[4] - v[3], "retiming": v[1] - v[0]}
-    return {"identical_steps": int(same.sum()), "steps_a": n, "predicted_from": None if pred is None else
+    return {"identical_steps": int(paired.sum()), "steps_a": n, "pairing": pairing, "predicted_from": None if pred is None else
             "B's calibrated cost model", "metrics": out}
 
 
@@ -121,8 +124,9 @@ def format_attribution(r: dict[str, Any]) -> list[str]:
     from sim.compare import metric_label
 
     other = r.get("predicted_from") or "A's own times"
+    pairing = r.get("pairing", "by index")
     lines = [f"error breakdown (B - A; B's times on {r['identical_steps']} of {r['steps_a']} identical steps, "
-             f"{other} on the others): step time | host+gap | decisions | re-timing"]
+             f"paired {pairing}, {other} on the others): step time | host+gap | decisions | re-timing"]
     for name, m in r["metrics"].items():
         if not np.isfinite(m["a"]) or m["a"] == 0:
             continue

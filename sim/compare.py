@@ -3,7 +3,8 @@
 Decisions are compared step by step (traces.diff: the one definition of a divergent step, which the TUI
 uses too), by index and once aligned around steps one trace lacks; the first step that differs is
 explained request by request. Latency and throughput metrics are compared as relative errors, step times as MAPE over
-steps aligned by index.
+steps aligned by index and over the steps that made identical decisions (the cost model's own error,
+free of what different batches cost).
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from sim.attribution import attribute, format_attribution
-from traces.diff import aligned_match_count, ids_list, matching_steps
+from traces.diff import aligned_pairs, ids_list, index_pairs, matching_steps
 from traces.summary import summarize
 
 METRICS = tuple(f"{m}_p{q}_s" for m in ("ttft", "tpot", "e2e") for q in (50, 90, 99)) + (
@@ -79,20 +80,36 @@ def compare_traces(a: Any, b: Any) -> dict[str, Any]:
     metrics = {m: {"a": _clean(sa.get(m)), "b": _clean(sb.get(m)), "rel_error": _rel(sa.get(m), sb.get(m))}
                for m in METRICS}
     k = min(na, nb)
-    ta = (a.steps["end"] - a.steps["start"]).to_numpy(float)[:k]
-    tb = (b.steps["end"] - b.steps["start"]).to_numpy(float)[:k]
-    pos = ta > 0
-    mape = float(np.mean(np.abs(tb[pos] - ta[pos]) / ta[pos])) if pos.any() else None
+    ta = _durations(a.steps)
+    tb = _durations(b.steps)
+    mape = _mape(ta[:k], tb[:k])
+    pairs = aligned_pairs(da, na, db, nb)
+    pairing = "aligned"
+    if pairs is None:
+        pairs, pairing = index_pairs(same, na), "by index"
+    paired = pairs >= 0
     return {
         "a": str(a.path), "b": str(b.path), "steps_a": na, "steps_b": nb,
         "requests_a": int(len(a.requests)), "requests_b": int(len(b.requests)),
         "matched_steps": matched, "decision_match_rate": matched / n if n else 1.0,
-        "aligned_matched_steps": aligned_match_count(da, na, db, nb),
+        "aligned_matched_steps": int(paired.sum()) if pairing == "aligned" else None,
         "first_divergent_step": first,
         "divergence": explain_step(da, db, first) if first is not None else [],
         "metrics": metrics, "step_time_mape": mape, "steps_aligned": k,
-        "attribution": attribute(a, b, same),
+        "identical_step_time_mape": _mape(ta[paired], tb[pairs[paired]]), "identical_steps_paired": pairing,
+        "attribution": attribute(a, b, pairs, pairing),
     }
+
+
+def _durations(steps: pd.DataFrame) -> np.ndarray:
+    s = steps.sort_values("step")
+    return (s["end"] - s["start"]).to_numpy(float)
+
+
+def _mape(ta: np.ndarray, tb: np.ndarray) -> float | None:
+    """Mean absolute percentage error of B's step durations against A's, over A's steps that took time."""
+    pos = ta > 0
+    return float(np.mean(np.abs(tb[pos] - ta[pos]) / ta[pos])) if pos.any() else None
 
 
 def _clean(v: Any) -> Any:
@@ -134,6 +151,11 @@ def format_report(r: dict[str, Any]) -> str:
     mape = r["step_time_mape"]
     lines.append(f"step time MAPE: {'n/a' if mape is None else f'{mape * 100:.2f}%'} over {r['steps_aligned']} "
                  "steps aligned by index")
+    same_mape = r.get("identical_step_time_mape")
+    if same_mape is not None:
+        lines.append(f"step time MAPE on identical steps: {same_mape * 100:.2f}% over "
+                     f"{r['attribution']['identical_steps']} steps that made the same decisions "
+                     f"(paired {r['identical_steps_paired']})")
     if r.get("attribution"):
         lines.extend(format_attribution(r["attribution"]))
     return "\n".join(lines)

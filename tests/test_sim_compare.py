@@ -53,20 +53,39 @@ def test_trace_compared_with_itself_matches_at_every_step(trace_dir):
     assert r["step_time_mape"] == 0.0
 
 
-def test_a_step_inserted_early_shifts_the_index_match_but_not_the_aligned_one(tmp_path, trace_dir):
-    a = traces.load(trace_dir)
+def _with_step_inserted(tmp_path, trace_dir, at: int = 5, slower: float = 1.0):
+    """A copy of the trace that takes one extra step at `at` (a copy of A's step `at` with other tokens),
+    every step `slower` times as long, model time included."""
     out = tmp_path / "b"
     shutil.copytree(trace_dir, out)
     d = pd.read_parquet(out / "decisions.parquet")
-    extra = d[d["step"] == 5].assign(step=5, num_tokens=99)  # a step B takes that A does not
-    d.loc[d["step"] >= 5, "step"] += 1
+    extra = d[d["step"] == at].assign(num_tokens=99)
+    d.loc[d["step"] >= at, "step"] += 1
     pd.concat([d, extra]).sort_values("step", kind="stable").to_parquet(out / "decisions.parquet", index=False)
     s = pd.read_parquet(out / "steps.parquet")
-    s = pd.concat([s[s["step"] < 5], s[s["step"] == 5], s[s["step"] >= 5].assign(step=lambda x: x["step"] + 1)])
+    s = pd.concat([s[s["step"] < at], s[s["step"] == at], s[s["step"] >= at].assign(step=lambda x: x["step"] + 1)])
+    s["end"] = s["start"] + (s["end"] - s["start"]) * slower
+    s["execute_time"] = s["execute_time"] * slower
     s.to_parquet(out / "steps.parquet", index=False)
-    r = compare_traces(a, traces.load(out))
+    return out
+
+
+def test_a_step_inserted_early_shifts_the_index_match_but_not_the_aligned_one(tmp_path, trace_dir):
+    a = traces.load(trace_dir)
+    r = compare_traces(a, traces.load(_with_step_inserted(tmp_path, trace_dir)))
     assert r["first_divergent_step"] == 5 and r["matched_steps"] < len(a.steps) // 2
     assert r["aligned_matched_steps"] == len(a.steps)
+
+
+def test_error_breakdown_times_identical_steps_past_an_inserted_step_with_b_own_times(tmp_path, trace_dir):
+    """Paired by index, only the five steps before the inserted one would lend B's (doubled) model times."""
+    a = traces.load(trace_dir)
+    r = compare_traces(a, traces.load(_with_step_inserted(tmp_path, trace_dir, slower=2.0)))
+    att = r["attribution"]
+    assert att["identical_steps"] == len(a.steps) and att["pairing"] == "aligned"
+    tpot = att["metrics"]["tpot_p50_s"]
+    assert tpot["step_time"] > 0.5 * tpot["a"]
+    assert r["identical_step_time_mape"] == pytest.approx(1.0)
 
 
 def test_planted_token_count_change_is_found_at_its_step_and_request(tmp_path, trace_dir):

@@ -76,13 +76,21 @@ def matching_steps(decisions_a: pd.DataFrame, num_steps_a: int, decisions_b: pd.
     return same, da, db
 
 
-def aligned_match_count(da: pd.DataFrame, num_steps_a: int, db: pd.DataFrame, num_steps_b: int) -> int | None:
-    """Steps of normalized decisions that match once the two traces are aligned around steps one has and
-    the other lacks: a burst taken in two steps rather than one shifts every later step's index, so
-    comparing by index calls all of them divergent even where the decisions agree again. The count is
-    difflib's matching blocks over the per-step digests; None past MAX_ALIGNED_STEPS steps."""
+def aligned_pairs(da: pd.DataFrame, num_steps_a: int, db: pd.DataFrame, num_steps_b: int) -> np.ndarray | None:
+    """For each step of A, the step of B it matches once the two traces are aligned around steps one has
+    and the other lacks, or -1: a burst taken in two steps rather than one shifts every later step's
+    index, so comparing by index calls all of them divergent even where the decisions agree again. The
+    pairs are difflib's matching blocks over the per-step digests; None past MAX_ALIGNED_STEPS steps."""
     if max(num_steps_a, num_steps_b) > MAX_ALIGNED_STEPS:
         return None
     ga, gb = step_digests(da, num_steps_a)[:num_steps_a], step_digests(db, num_steps_b)[:num_steps_b]
     matcher = difflib.SequenceMatcher(None, ga.tolist(), gb.tolist(), autojunk=False)
-    return sum(block.size for block in matcher.get_matching_blocks())
+    pairs = np.full(num_steps_a, -1, dtype=np.int64)
+    for block in matcher.get_matching_blocks():
+        pairs[block.a:block.a + block.size] = np.arange(block.b, block.b + block.size)
+    return pairs
+
+
+def index_pairs(same: np.ndarray, num_steps_a: int) -> np.ndarray:
+    """`aligned_pairs`' form of the by-index match: step i of A pairs with step i of B where they match."""
+    return np.where(same[:num_steps_a], np.arange(num_steps_a), -1)
