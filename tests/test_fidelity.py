@@ -233,6 +233,18 @@ def test_retiming_a_trace_from_its_own_step_parts_reproduces_its_metrics(engine_
         assert m["step_time"] == m["host_gap"] == m["total"] == 0.0, name
 
 
+def test_an_instant_keeps_its_place_among_re_timed_steps():
+    """Halfway through a step stays halfway through it re-timed; later instants move with the steps."""
+    import pandas as pd
+
+    from sim.attribution import warp
+
+    steps = pd.DataFrame({"step": [0, 1], "start": [1.0, 2.5], "end": [2.0, 3.0]})
+    starts, ends = np.array([1.0, 4.0]), np.array([3.0, 4.5])  # step 0 twice as long, then a longer gap
+    got = warp(np.array([0.5, 1.5, 2.25, 2.75, 10.0]), steps, starts, ends)
+    assert got == pytest.approx([0.5, 2.0, 3.5, 4.25, 11.5])
+
+
 def test_compare_plots_writes_ttft_and_itl_qq_plots(engine_like, tmp_path, capsys):
     assert main(["compare", str(engine_like / "a"), str(engine_like / "b"), "--plots", str(tmp_path)]) == 0
     assert (tmp_path / "ttft_qq.png").stat().st_size > 0 and (tmp_path / "itl_qq.png").stat().st_size > 0
