@@ -5,7 +5,9 @@ short prompts) and a held-out run of another arrival process and other lengths (
 longer prompts and lognormal outputs). `sim calibrate` fits the training run; `sim replay` predicts the
 held-out run from its arrivals with `--samples N` (seeded residual draws). Printed, medians over repeats:
 the error of the sampled median against the measured value per metric, and how many of the ten metrics
-(TTFT/TPOT/E2E p50/p90/p99, output throughput) fall inside the reported p5-p95 interval.
+(TTFT/TPOT/E2E p50/p90/p99, output throughput) fall inside the reported p5-p95 interval. Last, for the
+metric with the worst error, `sim compare`'s split of the deterministic replay's error (step time,
+host and gap, decisions, re-timing; medians over repeats, so the terms need not add up to the total).
 
     python bench/fidelity.py [--repeats 3] [--samples 20] [--out runs/fidelity] [--together] [--vllm-repeats 2]
                              [--report-only | --replay-only]
@@ -62,6 +64,8 @@ prompt_tokens: {dist: lognormal, median: 160, sigma: 0.6, min: 16, max: 1024}
 output_tokens: {dist: lognormal, median: 48, sigma: 0.6, min: 8, max: 160}
 """
 HEADLINE = ("ttft_p50", "ttft_p90", "tpot_p50", "tpot_p90", "e2e_p50", "e2e_p90", "output_throughput_tok")
+# sim compare's split of a replay's error (sim.attribution), in the order it prints them.
+BREAKDOWN = {"total": "total", "step_time": "step time", "host_gap": "host+gap", "divergence": "decisions", "retiming": "re-timing"}
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 Recorder = Callable[[Path, Path], list[str]]
 
@@ -111,10 +115,28 @@ def predict(out: Path, profile: Path, samples: int, name: str = "predicted") -> 
     rep = json.loads(run(["sim.cli", "replay", str(out / "heldout"), "--cost-model", str(profile),
                           "--samples", str(samples), "--json", "--no-progress", "--trace", str(out / name)],
                          out / f"{name}_warnings.txt"))
-    measured = summarize(traces.load(out / "heldout").requests)
+    heldout = traces.load(out / "heldout")
+    measured = summarize(heldout.requests)
+    write_breakdown(heldout, out / name, out / f"{name}_breakdown.json")
     return {m.removesuffix("_s"): {"measured": measured[m], **{k: r[k] for k in ("median", "p5", "p95")},
                                    "deterministic": rep.get(m)}
             for m, r in rep["samples"]["metrics"].items()}
+
+
+def write_breakdown(heldout, predicted: Path, where: Path) -> None:
+    """sim compare's error breakdown of the deterministic replay against the held-out run, per metric in
+    percent of the measured value: where the prediction's error comes from."""
+    import traces
+    from sim.compare import compare_traces
+
+    att = compare_traces(heldout, traces.load(predicted))["attribution"]
+    where.write_text(json.dumps({m.removesuffix("_s"): {k: 100 * v[k] / abs(v["a"]) for k in BREAKDOWN}
+                                 for m, v in att["metrics"].items() if v["a"]}, indent=1))
+
+
+def breakdowns(dirs: list[Path], name: str = "predicted") -> list[dict]:
+    """The breakdowns `write_breakdown` left in the repeats' directories (older recordings have none)."""
+    return [json.loads(p.read_text()) for d in dirs if (p := d / f"{name}_breakdown.json").exists()]
 
 
 def one_repeat(out: Path, samples: int, together: bool, recorder: Recorder = engine_recorder,
@@ -139,8 +161,9 @@ def pooled(repeats: list[Path], samples: int, out: Path) -> list[dict[str, dict]
     return [predict(r, profile, samples, "predicted_pooled") for r in repeats]
 
 
-def report(results: list[dict], how: str, spread: bool = True) -> None:
-    """Errors, intervals and (with `spread`, once per set of recordings) how much the runs themselves vary."""
+def report(results: list[dict], how: str, spread: bool = True, parts: list[dict] | None = None) -> None:
+    """Errors, intervals, (with `spread`, once per set of recordings) how much the runs themselves vary,
+    and the error breakdown of the worst metric (`parts`: the repeats' breakdowns)."""
     # Median over repeats of the absolute error (signed errors of opposite repeats would cancel).
     for key, label in (("median", "error"), ("deterministic", "deterministic error")):
         for m in HEADLINE:
@@ -162,6 +185,13 @@ def report(results: list[dict], how: str, spread: bool = True) -> None:
     print(f"inside interval: {int(np.median(inside))}/{len(results[0])}")
     print(f"inside interval, each repeat: {' '.join(f'{k}/{len(results[0])}' for k in inside)}")
     print(f"repeats: {len(results)} (training and held-out runs recorded {how}; medians over repeats)")
+    worst = max(HEADLINE, key=lambda m: np.median([abs(r[m]["median"] - r[m]["measured"]) / r[m]["measured"]
+                                                   for r in results]))
+    parts = [p[worst] for p in parts or [] if worst in p]
+    if parts:
+        terms = " | ".join(f"{label} {np.median([p[k] for p in parts]):+.1f} %" for k, label in BREAKDOWN.items())
+        print(f"worst metric: {worst}; its deterministic error split (sim compare, medians over {len(parts)} "
+              f"repeats): {terms}")
 
 
 def vllm_case(repeats: int, samples: int, out: Path, together: bool, report_only: bool = False,
@@ -177,7 +207,8 @@ def vllm_case(repeats: int, samples: int, out: Path, together: bool, report_only
             where.write_text(json.dumps(one_repeat(where.parent, samples, together, vllm_recorder, rerecord),
                                         indent=1))
         results.append(json.loads(where.read_text()))
-    report(results, "at the same time" if together else "one after the other")
+    report(results, "at the same time" if together else "one after the other",
+           parts=breakdowns([out / f"repeat{i}" for i in range(repeats)]))
     report_pooled(out, repeats, samples, report_only)
 
 
@@ -189,7 +220,8 @@ def report_pooled(out: Path, repeats: int, samples: int, report_only: bool) -> N
     if not report_only:
         where.write_text(json.dumps(pooled([out / f"repeat{i}" for i in range(repeats)], samples, out), indent=1))
     print(f"pooled calibration (one profile from all {repeats} training runs):")
-    report(json.loads(where.read_text()), "as above", spread=False)
+    report(json.loads(where.read_text()), "as above", spread=False,
+           parts=breakdowns([out / f"repeat{i}" for i in range(repeats)], "predicted_pooled"))
 
 
 def main() -> None:
@@ -214,7 +246,7 @@ def main() -> None:
         results.append(json.loads(where.read_text()))
     how = "at the same time" if args.together else "one after the other"
     if results:
-        report(results, how)
+        report(results, how, parts=breakdowns([Path(args.out) / f"repeat{i}" for i in range(args.repeats)]))
         report_pooled(Path(args.out), args.repeats, args.samples, args.report_only)
     if args.vllm_repeats <= 0:
         return
