@@ -64,6 +64,8 @@ def warp(times: np.ndarray, steps: pd.DataFrame, starts: np.ndarray, ends: np.nd
     s = steps.sort_values("step")
     own = np.column_stack([s["start"].to_numpy(float), s["end"].to_numpy(float)]).ravel()
     new = np.column_stack([starts, ends]).ravel()
+    known = np.isfinite(own) & np.isfinite(new)
+    own, new = own[known], new[known]
     if not len(own):
         return np.asarray(times, dtype=float)
     own, new = np.maximum.accumulate(own), np.maximum.accumulate(new)
