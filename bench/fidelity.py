@@ -8,6 +8,9 @@ the error of the sampled median against the measured value per metric, and how m
 (TTFT/TPOT/E2E p50/p90/p99, output throughput) fall inside the reported p5-p95 interval. Last, for the
 metric with the worst error, `sim compare`'s split of the deterministic replay's error (step time,
 host and gap, decisions, re-timing; medians over repeats, so the terms need not add up to the total).
+Then how much faster the machine itself ran the held-out run than the training run: device time on decode
+steps of the same shape in both (`sim.speed_shift`; no cost model enters it), beside which the split's
+step-time term reads as the machine's change or the model's error.
 
     python bench/fidelity.py [--repeats 3] [--samples 20] [--out runs/fidelity] [--together] [--vllm-repeats 2]
                              [--report-only | --replay-only]
@@ -134,6 +137,17 @@ def write_breakdown(heldout, predicted: Path, where: Path) -> None:
                                  for m, v in att["metrics"].items() if v["a"]}, indent=1))
 
 
+def speed_shifts(dirs: list[Path]) -> list[float]:
+    """Per repeat, the held-out run's device time over the training run's on decode steps of the same
+    shape (sim.speed_shift): the machine's own change between the two runs, no cost model in it."""
+    import traces
+    from sim.speed_shift import same_shape_speed
+
+    shifts = [same_shape_speed(traces.load(d / "train"), traces.load(d / "heldout")) for d in dirs
+              if (d / "train").is_dir() and (d / "heldout").is_dir()]
+    return [s.ratio for s in shifts if s is not None]
+
+
 def breakdowns(dirs: list[Path], name: str = "predicted") -> list[dict]:
     """The breakdowns `write_breakdown` left in the repeats' directories (older recordings have none)."""
     return [json.loads(p.read_text()) for d in dirs if (p := d / f"{name}_breakdown.json").exists()]
@@ -161,9 +175,11 @@ def pooled(repeats: list[Path], samples: int, out: Path) -> list[dict[str, dict]
     return [predict(r, profile, samples, "predicted_pooled") for r in repeats]
 
 
-def report(results: list[dict], how: str, spread: bool = True, parts: list[dict] | None = None) -> None:
+def report(results: list[dict], how: str, spread: bool = True, parts: list[dict] | None = None,
+           shifts: list[float] | None = None) -> None:
     """Errors, intervals, (with `spread`, once per set of recordings) how much the runs themselves vary,
-    and the error breakdown of the worst metric (`parts`: the repeats' breakdowns)."""
+    the error breakdown of the worst metric (`parts`: the repeats' breakdowns) and, with `shifts`, how
+    much the machine's speed changed between each repeat's training and held-out runs."""
     # Median over repeats of the absolute error (signed errors of opposite repeats would cancel).
     for key, label in (("median", "error"), ("deterministic", "deterministic error")):
         for m in HEADLINE:
@@ -192,6 +208,9 @@ def report(results: list[dict], how: str, spread: bool = True, parts: list[dict]
         terms = " | ".join(f"{label} {np.median([p[k] for p in parts]):+.1f} %" for k, label in BREAKDOWN.items())
         print(f"worst metric: {worst}; its deterministic error split (sim compare, medians over {len(parts)} "
               f"repeats): {terms}")
+    if shifts:
+        print(f"held-out device time vs training, same-shape decode steps: {np.median(shifts):.2f} (below 1: the "
+              f"machine ran the held-out run faster; median over repeats, each: {' '.join(f'{r:.2f}' for r in shifts)})")
 
 
 def vllm_case(repeats: int, samples: int, out: Path, together: bool, report_only: bool = False,
@@ -207,8 +226,9 @@ def vllm_case(repeats: int, samples: int, out: Path, together: bool, report_only
             where.write_text(json.dumps(one_repeat(where.parent, samples, together, vllm_recorder, rerecord),
                                         indent=1))
         results.append(json.loads(where.read_text()))
-    report(results, "at the same time" if together else "one after the other",
-           parts=breakdowns([out / f"repeat{i}" for i in range(repeats)]))
+    dirs = [out / f"repeat{i}" for i in range(repeats)]
+    report(results, "at the same time" if together else "one after the other", parts=breakdowns(dirs),
+           shifts=speed_shifts(dirs))
     report_pooled(out, repeats, samples, report_only)
 
 
@@ -246,7 +266,8 @@ def main() -> None:
         results.append(json.loads(where.read_text()))
     how = "at the same time" if args.together else "one after the other"
     if results:
-        report(results, how, parts=breakdowns([Path(args.out) / f"repeat{i}" for i in range(args.repeats)]))
+        dirs = [Path(args.out) / f"repeat{i}" for i in range(args.repeats)]
+        report(results, how, parts=breakdowns(dirs), shifts=speed_shifts(dirs))
         report_pooled(Path(args.out), args.repeats, args.samples, args.report_only)
     if args.vllm_repeats <= 0:
         return

@@ -96,11 +96,11 @@ def predicted_parts(a: Any, b: Any) -> dict[str, np.ndarray] | None:
     cm = (b.meta or {}).get("cost_model") or {}
     if cm.get("name") != "calibrated" or not cm.get("coefficients"):
         return None
-    from sim.calibrate import _batches, _step_table
+    from sim.calibrate import _batches, step_table
     from sim.cost_models.calibrated import CalibratedCostModel
 
     model = CalibratedCostModel(cm["coefficients"], {"parts": cm.get("parts")})
-    table = _step_table(a)
+    table = step_table(a)
     n = len(a.steps)
     out = {"device": np.zeros(n), "host": np.zeros(n), "gap": np.zeros(n)}
     index = {s: i for i, s in enumerate(a.steps.sort_values("step")["step"].to_numpy())}

@@ -32,7 +32,7 @@ from sim.intake import fit_intake
 from traces import Trace, load
 
 
-def _step_table(trace: Trace) -> pd.DataFrame:
+def step_table(trace: Trace) -> pd.DataFrame:
     """Per step that scheduled tokens: batch columns, and the measured device / host / gap seconds."""
     d = trace.decisions
     d = d[(d["event"] == "schedule") & (d["num_tokens"] > 0)]
@@ -65,7 +65,7 @@ def _batches(table: pd.DataFrame) -> list[StepBatch]:
 
 def batches_from_trace(trace: Trace) -> list[tuple[StepBatch, float]]:
     """(batch, end - start) for every step of `trace` that scheduled tokens, in step order."""
-    table = _step_table(trace)
+    table = step_table(trace)
     return list(zip(_batches(table), table["dur"].astype(float))) if len(table) else []
 
 
@@ -79,7 +79,7 @@ class StepSamples:
 
     @classmethod
     def of(cls, trace: Trace) -> StepSamples:
-        table = _step_table(trace)
+        table = step_table(trace)
         if not len(table):
             raise ValueError(f"{trace.path}: no steps that scheduled tokens, nothing to calibrate on")
         return cls(str(trace.path), _batches(table), {p: table[p].to_numpy(dtype=float) for p in PARTS})

@@ -4,7 +4,8 @@ Decisions are compared step by step (traces.diff: the one definition of a diverg
 uses too), by index and once aligned around steps one trace lacks; the first step that differs is
 explained request by request. Latency and throughput metrics are compared as relative errors, step times as MAPE over
 steps aligned by index and over the steps that made identical decisions (the cost model's own error,
-free of what different batches cost).
+free of what different batches cost), and device time as B / A on decode steps of the same shape (for
+two engine runs: how much the machine's speed changed between them; sim.speed_shift).
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from sim.attribution import attribute, format_attribution
+from sim.speed_shift import same_shape_speed
 from traces.diff import aligned_pairs, ids_list, index_pairs, matching_steps
 from traces.summary import summarize
 
@@ -98,7 +100,13 @@ def compare_traces(a: Any, b: Any) -> dict[str, Any]:
         "metrics": metrics, "step_time_mape": mape, "steps_aligned": k,
         "identical_step_time_mape": _mape(ta[paired], tb[pairs[paired]]), "identical_steps_paired": pairing,
         "attribution": attribute(a, b, pairs, pairing),
+        "same_shape_speed": _speed(a, b),
     }
+
+
+def _speed(a: Any, b: Any) -> dict[str, Any] | None:
+    shift = same_shape_speed(a, b)
+    return None if shift is None else {"ratio": shift.ratio, "shapes": shift.shapes, "steps": shift.steps}
 
 
 def _durations(steps: pd.DataFrame) -> np.ndarray:
@@ -156,6 +164,10 @@ def format_report(r: dict[str, Any]) -> str:
         lines.append(f"step time MAPE on identical steps: {same_mape * 100:.2f}% over "
                      f"{r['attribution']['identical_steps']} steps that made the same decisions "
                      f"(paired {r['identical_steps_paired']})")
+    speed = r.get("same_shape_speed")
+    if speed is not None:
+        lines.append(f"device time on same-shape decode steps, B / A: {speed['ratio']:.3f} ({speed['shapes']} shapes, "
+                     f"{speed['steps']} steps; below 1: B ran the same work faster)")
     if r.get("attribution"):
         lines.extend(format_attribution(r["attribution"]))
     return "\n".join(lines)

@@ -14,12 +14,13 @@ from engine.core.scheduler import Scheduler
 from sim.batch import StepBatch, batch_from_output
 from sim.calibrate import calibrate
 from sim.cli import main
-from sim.compare import compare_traces
+from sim.compare import compare_traces, format_report
 from sim.cost_models.calibrated import CalibratedCostModel
 from sim.cost_models.parts import DEVICE_TERMS, part_matrix
 from sim.cost_models.residuals import ResidualSampler, predictive_level, residual_table
 from sim.fit import fit_mean_law
 from sim.samples import interval
+from sim.speed_shift import same_shape_speed
 from traces.recorder import TraceRecorder
 from traces.writer import TraceWriter
 
@@ -34,9 +35,9 @@ def device_law(b: StepBatch) -> float:
     return float(part_matrix("device", [b])[0] @ np.array([DEVICE[k] for k in DEVICE_TERMS]))
 
 
-def record_engine_like(path, seed=0, num_requests=40, noise=0.02):
-    """A trace timed like the engine: each step's model time follows the law, host phases and the gap
-    before the next step follow their own laws, all with `noise`; requests arrive on that clock."""
+def record_engine_like(path, seed=0, num_requests=40, noise=0.02, speed=1.0):
+    """A trace timed like the engine: each step's model time follows the law (times `speed`), host phases
+    and the gap before the next step follow their own laws, all with `noise`; requests arrive on that clock."""
     rng = np.random.default_rng(seed)
     now = [0.0]
     sched = Scheduler(SchedulerConfig(max_model_len=2048, max_num_seqs=8, max_num_batched_tokens=256),
@@ -58,7 +59,7 @@ def record_engine_like(path, seed=0, num_requests=40, noise=0.02):
         out = sched.schedule()
         b = batch_from_output(out)
         jitter = lambda: 1 + noise * rng.standard_normal()  # noqa: E731
-        device = device_law(b) * jitter()
+        device = device_law(b) * speed * jitter()
         host = (HOST[0] + HOST[1] * b.num_seqs) * jitter()
         now[0] = end = start + device + host
         ids = list(out.num_scheduled_tokens)
@@ -358,3 +359,22 @@ def test_fidelity_bench_pools_every_repeats_training_run_into_one_profile(engine
     profile = json.loads((tmp_path / "pooled_profile.json").read_text())
     assert len(profile["traces"]) == 2 and len(results) == 2
     assert all(len(r) == 10 and (rep / "predicted_pooled").is_dir() for r, rep in zip(results, repeats))
+
+
+def test_same_shape_steps_read_the_machine_s_change_between_runs_of_different_workloads(tmp_path):
+    record_engine_like(tmp_path / "slow", seed=7, num_requests=80, speed=1.0)
+    record_engine_like(tmp_path / "fast", seed=8, num_requests=60, speed=0.8)
+    shift = same_shape_speed(traces.load(tmp_path / "slow"), traces.load(tmp_path / "fast"))
+    assert shift is not None and shift.shapes >= 2
+    assert shift.ratio == pytest.approx(0.8, rel=0.03)
+
+
+def test_same_shape_speed_is_none_when_no_shape_ran_often_enough_in_both(engine_like):
+    a, b = traces.load(engine_like / "a"), traces.load(engine_like / "b")
+    assert same_shape_speed(a, b, min_steps=10**6) is None
+
+
+def test_compare_reads_two_runs_of_one_machine_as_the_same_speed(engine_like):
+    report = compare_traces(traces.load(engine_like / "a"), traces.load(engine_like / "b"))
+    assert report["same_shape_speed"]["ratio"] == pytest.approx(1.0, abs=0.03)
+    assert "device time on same-shape decode steps, B / A: " in format_report(report)
