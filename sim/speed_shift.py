@@ -47,7 +47,10 @@ def decode_shapes(trace: Trace) -> pd.DataFrame:
 def same_shape_speed(a: Trace, b: Trace, min_steps: int = MIN_STEPS) -> SpeedShift | None:
     """B's machine speed against A's: the geometric mean over shared shapes of the ratio of median device
     times, each shape weighted by the fewer of its two step counts. None when no shape is shared."""
-    both = pd.merge(decode_shapes(a), decode_shapes(b), left_index=True, right_index=True, suffixes=("_a", "_b"))
+    shapes_a, shapes_b = decode_shapes(a), decode_shapes(b)
+    if not (len(shapes_a) and len(shapes_b)):  # a trace kept without its decisions (--trace-level steps)
+        return None
+    both = pd.merge(shapes_a, shapes_b, left_index=True, right_index=True, suffixes=("_a", "_b"))
     both = both[(both["count_a"] >= min_steps) & (both["count_b"] >= min_steps)]
     if not len(both):
         return None

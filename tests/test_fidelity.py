@@ -35,14 +35,14 @@ def device_law(b: StepBatch) -> float:
     return float(part_matrix("device", [b])[0] @ np.array([DEVICE[k] for k in DEVICE_TERMS]))
 
 
-def record_engine_like(path, seed=0, num_requests=40, noise=0.02, speed=1.0):
+def record_engine_like(path, seed=0, num_requests=40, noise=0.02, speed=1.0, trace_level="full"):
     """A trace timed like the engine: each step's model time follows the law (times `speed`), host phases
     and the gap before the next step follow their own laws, all with `noise`; requests arrive on that clock."""
     rng = np.random.default_rng(seed)
     now = [0.0]
     sched = Scheduler(SchedulerConfig(max_model_len=2048, max_num_seqs=8, max_num_batched_tokens=256),
                       CacheConfig(block_size=16, num_gpu_blocks=4000), clock=lambda: now[0])
-    rec = TraceRecorder(TraceWriter(path, META), sched)
+    rec = TraceRecorder(TraceWriter(path, META), sched, trace_level=trace_level)
     arrivals = np.cumsum(rng.exponential(0.02, num_requests))
     pending = [Request(f"r{i}", [int(x) for x in rng.integers(3, 30000, int(rng.integers(20, 300)))],
                        SamplingParams(max_tokens=int(rng.integers(4, 30)), ignore_eos=True, temperature=0.0),
@@ -378,3 +378,9 @@ def test_compare_reads_two_runs_of_one_machine_as_the_same_speed(engine_like):
     report = compare_traces(traces.load(engine_like / "a"), traces.load(engine_like / "b"))
     assert report["same_shape_speed"]["ratio"] == pytest.approx(1.0, abs=0.03)
     assert "device time on same-shape decode steps, B / A: " in format_report(report)
+
+
+def test_compare_with_a_trace_kept_without_decisions_reports_no_same_shape_speed(engine_like, tmp_path):
+    record_engine_like(tmp_path / "steps_only", seed=1, trace_level="steps")
+    report = compare_traces(traces.load(engine_like / "a"), traces.load(tmp_path / "steps_only"))
+    assert report["same_shape_speed"] is None
