@@ -175,6 +175,7 @@ class DecodeRuns:
     def _time_each(self, run: _Run, now: float, step: int, next_arrival: float | None) -> float:
         """Take the run's steps one at a time, asking the cost model for each; returns the clock after."""
         n, context0 = len(run.rids), len(run.rids) + sum(run.computed0)
+        low0, high0 = min(run.computed0) + 1, max(run.computed0) + 1
         free_blocks = self.kv.block_pool.free_block_queue
         num_usable = self.kv.block_pool.num_usable_blocks
         cost, recorder = self.cost_model, self.recorder
@@ -191,7 +192,8 @@ class DecodeRuns:
             elif (step + done) % recorder.snapshot_every == 0:
                 recorder.on_decode_step_blocks(step + done)
             start = now
-            now = start + step_time(StepBatch(0, n, 0, n, context0 + n * done, 0.0), step + done)
+            now = start + step_time(StepBatch(0, n, 0, n, context0 + n * done, 0.0, [], low0 + done, high0 + done),
+                                    step + done)
             starts.append(start)
             ends.append(now)
             # A cost model that splits its step (model time, host time) as CycleRecorder reads it.

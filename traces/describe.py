@@ -32,7 +32,12 @@ def describe_cost_model(cost: dict[str, Any]) -> str:
     if fitted:
         fitted = ", ".join(map(str, fitted)) if isinstance(fitted, list) else str(fitted)
         return f"{name} (fitted on {fitted})"
-    return name
+    kernels = cost.get("kernels") if isinstance(cost.get("kernels"), dict) else {}
+    if kernels.get("bundle"):
+        name = (f"kernels measured on {kernels.get('gpu')} ({kernels.get('model')}, vLLM {kernels.get('vllm_version')}, "
+                f"profiled {str(kernels.get('profiled_at'))[:10]}; {kernels['bundle']})")
+    tp = cost.get("tensor_parallel_size") or 1
+    return f"{name}, tensor parallel {tp}" if tp > 1 else name
 
 
 def describe_run(meta: dict[str, Any]) -> str:

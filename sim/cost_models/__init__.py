@@ -1,5 +1,7 @@
 """Cost models by name: `recorded` (an engine trace's own step times), `calibrated` (a PROFILE.json fitted
-by `sim calibrate`), `roofline` (model shape x hardware table). Each is imported only when asked for."""
+by `sim calibrate`), `roofline` (per-kernel, model shape x hardware table), a kernel-profile bundle
+directory measured on the target GPU, or `aiconfigurator` (NVIDIA's measured kernel databases, the `aic`
+extra). Each is imported only when asked for."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -7,7 +9,7 @@ from typing import Any
 
 from sim.cost_models.base import CostModel
 
-COST_MODELS = ("recorded", "calibrated", "roofline")
+COST_MODELS = ("recorded", "calibrated", "roofline", "aiconfigurator")
 
 
 class CostModelError(ValueError):
@@ -20,12 +22,19 @@ def _missing(name: str, e: ImportError) -> CostModelError:
 
 def get_cost_model(name_or_path: str, source_trace: Any = None, model: str | dict | None = None,
                    hardware: str | None = None, profile: str | Path | None = None,
-                   residual_seed: int | None = None) -> CostModel:
+                   residual_seed: int | None = None, tensor_parallel_size: int = 1,
+                   async_scheduling: bool = True, vllm_version: str | None = None) -> CostModel:
     """Build a cost model. `source_trace` is the loaded trace a replay comes from (needed by
-    `recorded`); `model` a preset name or HF config dict and `hardware` a name (roofline); `profile`
-    a PROFILE.json (calibrated, or measured rates for roofline); `residual_seed` (calibrated) draws one
-    sampled replay of the measured residuals instead of the expected step times."""
+    `recorded`); `model` a preset name, config.json or HF config dict and `hardware` a name or FILE.yaml
+    (roofline, bundle, aiconfigurator); `profile` a PROFILE.json (calibrated, or measured rates for
+    roofline); `residual_seed` (calibrated) draws one sampled replay of the measured residuals instead of
+    the expected step times. The per-kernel models add host time per step only without async scheduling;
+    `vllm_version` (of an imported run) prices all-reduces as that version's were measured."""
     name = str(name_or_path)
+    tp = tensor_parallel_size
+    if name != "roofline" and tp != 1 and (name in ("recorded", "calibrated") or name.endswith(".json")):
+        raise CostModelError(f"--tensor-parallel-size {tp}: the {name} cost model measured one device; use "
+                             "roofline, a profile bundle or aiconfigurator")
     if name == "recorded":
         if source_trace is None:
             raise CostModelError("--cost-model recorded: needs an engine trace directory as the source "
@@ -42,7 +51,16 @@ def get_cost_model(name_or_path: str, source_trace: Any = None, model: str | dic
             raise CostModelError("--cost-model roofline: needs --model (a preset such as llama-3.1-8b)")
         if hardware is None:
             raise CostModelError("--cost-model roofline: needs --hardware (h100, h200, a100, l4, ...)")
-        return RooflineCostModel.from_args(model=model, hardware=hardware, profile=profile)
+        return RooflineCostModel.from_args(model=model, hardware=hardware, profile=profile, tp=tp,
+                                           async_scheduling=async_scheduling, vllm_version=vllm_version)
+    if name == "aiconfigurator":
+        from sim.cost_models.kernel_models import aiconfigurator_model
+
+        return aiconfigurator_model(model, hardware, tp, async_scheduling, vllm_version)
+    if Path(name).is_dir():
+        from sim.cost_models.kernel_models import bundle_model
+
+        return bundle_model(Path(name), model, hardware, tp, async_scheduling, vllm_version)
     if name == "calibrated" or name.endswith(".json") or Path(name).is_file():
         path = profile if name == "calibrated" else name
         if path is None:
@@ -55,7 +73,7 @@ def get_cost_model(name_or_path: str, source_trace: Any = None, model: str | dic
             raise _missing("calibrated", e) from None
         return CalibratedCostModel.load(path, seed=residual_seed)
     raise CostModelError(f"--cost-model: unknown cost model {name!r} (expected one of {', '.join(COST_MODELS)} "
-                         "or a PROFILE.json path)")
+                         ", a PROFILE.json path or a kernel-profile bundle directory)")
 
 
 __all__ = ["COST_MODELS", "CostModel", "CostModelError", "get_cost_model"]

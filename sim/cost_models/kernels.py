@@ -1,0 +1,227 @@
+"""A step as the kernels one GPU rank runs for it, written once for every per-kernel cost model.
+
+vLLM runs a decoder step as: the embedding gather, then per layer two RMS norms, the QKV projection,
+(Qwen3) the q/k norms, rotary embedding, one attention call over the whole mixed batch, the output
+projection, the gated MLP (gate_up, activation, down), then the final norm, the LM head on each
+sequence's last token and the sampler. Under tensor parallelism each rank runs the same kernels on its
+shard, and two all-reduces per layer (after o_proj and after down_proj) join the ranks.
+
+Where the kernel times come from is the `KernelTimes` seam: a measured profile bundle
+(`sim.cost_models.profile_bundle`), AIConfigurator's measured databases (`sim.cost_models.aiconfigurator`)
+or the per-kernel roofline (`sim.cost_models.roofline`). Each answers for one rank, at the rank's shapes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from sim.batch import StepBatch
+from sim.cost_models.hardware import Hardware
+from sim.cost_models.model_shape import ModelShape, rank_shape
+
+# The ops of one decoder layer, with how many times a layer calls each.
+LAYER_OPS: tuple[tuple[str, int], ...] = (
+    ("layernorm", 2), ("qkv_proj", 1), ("qk_norm", 1), ("rotary_emb", 1), ("o_proj", 1),
+    ("gate_up_proj", 1), ("act_fn", 1), ("down_proj", 1))
+# Ops run once per step, on every scheduled token.
+STEP_OPS: tuple[str, ...] = ("embedding", "final_layernorm")
+# Ops run once per step on each sequence's last token (a prefill chunk that samples nothing still pays).
+SEQUENCE_OPS: tuple[str, ...] = ("lm_head", "sampler")
+DENSE_OPS: tuple[str, ...] = tuple(op for op, _ in LAYER_OPS) + STEP_OPS
+
+
+@dataclass(frozen=True, slots=True)
+class AttentionShape:
+    """One layer's attention call over a mixed batch, as the profile bundles grid it: one prefill chunk
+    of `prefill_chunk` new tokens after `kv_prefill` cached ones, and `n_decode` decodes attending to
+    `kv_decode` tokens each (their mean context)."""
+
+    prefill_chunk: int = 0
+    kv_prefill: int = 0
+    n_decode: int = 0
+    kv_decode: int = 0
+
+
+class KernelTimes(Protocol):
+    """Seconds of one rank's kernels at the rank's own shapes (what a TP-N rank multiplies). `outside`
+    counts the lookups that fell outside what was measured (0 for a model with no grid)."""
+
+    source: str
+    outside: int
+
+    def dense(self, op: str, tokens: int) -> float:
+        """One call of a DENSE_OPS op over `tokens` tokens."""
+        ...
+
+    def attention(self, shape: AttentionShape) -> float:
+        """One layer's attention call."""
+        ...
+
+    def per_sequence(self, op: str, sequences: int) -> float:
+        """One call of a SEQUENCE_OPS op over `sequences` sequences."""
+        ...
+
+    def skew_alpha(self, shape: AttentionShape, kv_min: int, kv_max: int) -> float:
+        """How much of t(kv_max) - t(shape) the decodes pay when their contexts span kv_min..kv_max
+        rather than all sitting at the mean (0: attention depends on the total context alone)."""
+        ...
+
+    def all_reduce_time(self, nbytes: float, tp: int) -> float | None:
+        """A measured all-reduce of `nbytes` over `tp` GPUs, or None: priced from the hardware's link."""
+        ...
+
+    def describe(self) -> dict: ...
+
+
+def attention_shapes(batch: StepBatch) -> tuple[AttentionShape, list[AttentionShape]]:
+    """The batch's attention as the grid sees it: the largest prefill chunk shares the call with every
+    decode (at their mean context); further chunks are priced alone and added."""
+    chunks = sorted(batch.prefill_chunks, reverse=True)
+    n = batch.num_decode_seqs
+    decode_context = batch.context_tokens - sum(c + computed for c, computed in chunks)
+    kv_decode = round(decode_context / n) if n else 0
+    first = chunks[0] if chunks else (0, 0)
+    main = AttentionShape(first[0], first[1], n, kv_decode)
+    return main, [AttentionShape(c, computed, 0, 0) for c, computed in chunks[1:]]
+
+
+class KernelSumCostModel:
+    """A step costs the sum of the kernels one rank runs for it, times the layers, plus the all-reduces
+    that join the ranks, plus (synchronous scheduling only) the host's time around the step: async
+    scheduling prepares step k+1 while step k runs, so the device's time is the step's."""
+
+    def __init__(self, name: str, timer: KernelTimes, shape: ModelShape, hardware: Hardware, tp: int = 1,
+                 async_scheduling: bool = True) -> None:
+        self.name = name
+        self.timer = timer
+        self.shape = shape
+        self.rank = rank_shape(shape, tp)
+        self.hardware = hardware
+        self.tp = tp
+        self.async_scheduling = async_scheduling
+        self._layer_ops = tuple((op, calls) for op, calls in LAYER_OPS if op != "qk_norm" or self.rank.qk_norm)
+        self._dense_cache: dict[int, tuple[float, bool]] = {}
+        self._floor = timer.attention(AttentionShape(1, 0, 0, 0))
+        self.num_steps = 0
+        self.steps_outside = 0
+
+    @property
+    def max_model_len(self) -> int | None:
+        """The model's context length: the simulator's default --max-model-len for workload runs."""
+        return self.shape.max_positions or None
+
+    def _dense(self, tokens: int) -> tuple[float, bool]:
+        """Seconds of every token-proportional kernel of the step (layers, embedding, final norm) and the
+        all-reduces; the same token count recurs for every decode batch of one size, so it is kept."""
+        hit = self._dense_cache.get(tokens)
+        if hit is not None:
+            return hit
+        before = self.timer.outside
+        t = self.timer
+        layer = sum(calls * t.dense(op, tokens) for op, calls in self._layer_ops)
+        total = self.shape.num_layers * layer + sum(t.dense(op, tokens) for op in STEP_OPS)
+        total += (2 * self.shape.num_layers + 1) * self.all_reduce(tokens)
+        hit = self._dense_cache[tokens] = (total, self.timer.outside == before)
+        return hit
+
+    def all_reduce(self, tokens: int) -> float:
+        """One all-reduce of the hidden states of `tokens` tokens across the ranks (0 on one GPU): measured
+        where the kernel source has it, else priced from the hardware's link."""
+        if self.tp == 1:
+            return 0.0
+        nbytes = tokens * self.shape.hidden * self.shape.dtype_bytes
+        measured = self.timer.all_reduce_time(nbytes, self.tp)
+        return measured if measured is not None else self.hardware.all_reduce_time(nbytes, self.tp)
+
+    def _attention(self, batch: StepBatch) -> float:
+        main, rest = attention_shapes(batch)
+        t = self.timer
+        time = t.attention(main)
+        if main.n_decode and batch.decode_context_max > batch.decode_context_min:
+            alpha = t.skew_alpha(main, batch.decode_context_min, batch.decode_context_max)
+            if alpha:
+                wide = AttentionShape(main.prefill_chunk, main.kv_prefill, main.n_decode, batch.decode_context_max)
+                time += alpha * max(t.attention(wide) - time, 0.0)
+        for shape in rest:
+            time += max(t.attention(shape) - self._floor, 0.0)
+        return time
+
+    def device_time(self, batch: StepBatch) -> float:
+        tokens = batch.num_prefill_tokens + batch.num_decode_tokens
+        if tokens == 0:
+            return 0.0
+        self.num_steps += 1
+        before = self.timer.outside
+        dense, inside = self._dense(tokens)
+        seqs = batch.num_prefill_seqs + batch.num_decode_seqs
+        t = self.timer
+        time = dense + self.shape.num_layers * self._attention(batch) + sum(t.per_sequence(op, seqs)
+                                                                              for op in SEQUENCE_OPS)
+        vocab_bytes = seqs * self.rank.vocab * self.shape.dtype_bytes
+        time += self.hardware.gather_time(vocab_bytes, self.tp)
+        if not inside or self.timer.outside != before:
+            self.steps_outside += 1
+        return time
+
+    def host_time(self, batch: StepBatch) -> float:
+        return self.hardware.step_overhead + self.hardware.seq_overhead * (batch.num_prefill_seqs
+                                                                           + batch.num_decode_seqs)
+
+    def step_time(self, batch: StepBatch, step: int) -> float:
+        device = self.device_time(batch)
+        return device if self.async_scheduling else device + self.host_time(batch)
+
+    def breakdown(self, batch: StepBatch) -> dict[str, float]:
+        """Seconds per kernel kind for one step (all layers), for reports and tests."""
+        tokens, seqs = batch.num_tokens, batch.num_seqs
+        t, layers = self.timer, self.shape.num_layers
+        out = {op: layers * calls * t.dense(op, tokens) for op, calls in self._layer_ops}
+        out.update({op: t.dense(op, tokens) for op in STEP_OPS})
+        out["attention"] = layers * self._attention(batch)
+        out.update({op: t.per_sequence(op, seqs) for op in SEQUENCE_OPS})
+        out["all_reduce"] = (2 * layers + 1) * self.all_reduce(tokens)
+        out["logits_gather"] = self.hardware.gather_time(seqs * self.rank.vocab * self.shape.dtype_bytes, self.tp)
+        out["host"] = 0.0 if self.async_scheduling else self.host_time(batch)
+        return out
+
+    def num_gpu_blocks(self, block_size: int, gpu_memory_utilization: float = 0.9,
+                       max_num_batched_tokens: int = 8192, kv_cache_memory: int | None = None) -> int:
+        """KV blocks (null block included) each rank's memory holds after its weight shard, one full step's
+        activations and the runtime's reserve; every rank holds its heads' share of every block."""
+        return kv_blocks(self.rank, self.hardware, block_size, gpu_memory_utilization, max_num_batched_tokens,
+                         kv_cache_memory)
+
+    def range_warning(self) -> str | None:
+        if not self.steps_outside:
+            return None
+        return (f"{self.steps_outside} of {self.num_steps} steps fell outside the profiled grid of "
+                f"{self.timer.source} (more tokens, sequences or context than it measured); their kernel times are "
+                "extrapolated")
+
+    def describe(self) -> dict:
+        return {"name": self.name, "source": self.timer.source, "kernels": self.timer.describe(),
+                "model": self.shape.describe(), "hardware": self.hardware.to_dict(), "tensor_parallel_size": self.tp,
+                "async_scheduling": self.async_scheduling}
+
+
+RUNTIME_RESERVE_BYTES = 512 << 20
+
+
+def kv_blocks(rank: ModelShape, hardware: Hardware, block_size: int, gpu_memory_utilization: float = 0.9,
+              max_num_batched_tokens: int = 8192, kv_cache_memory: int | None = None) -> int:
+    """KV blocks one rank's memory share holds after its weights (a 1/tp shard), the activations of one
+    full step, and the CUDA runtime's own reserve."""
+    if kv_cache_memory is not None:
+        available = float(kv_cache_memory)
+    else:
+        if hardware.memory_bytes is None:
+            raise ValueError(f"hardware {hardware.name} has no memory size: pass --num-gpu-blocks-override")
+        activations = max_num_batched_tokens * (4 * rank.hidden + 2 * rank.intermediate) * rank.dtype_bytes
+        available = (hardware.memory_bytes * gpu_memory_utilization - rank.weight_bytes - activations
+                     - RUNTIME_RESERVE_BYTES)
+    blocks = int(available // (block_size * rank.kv_bytes_per_token))
+    if blocks < 2:
+        raise ValueError(f"model {rank.name} ({rank.weight_bytes / 1e9:.1f} GB of {rank.dtype} weights per GPU) "
+                         f"leaves no room for a KV cache on {hardware.name} at gpu_memory_utilization "
+                         f"{gpu_memory_utilization}")
+    return blocks
