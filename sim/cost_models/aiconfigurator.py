@@ -1,0 +1,670 @@
+"""Kernel times from NVIDIA AIConfigurator's measured databases (the `aic` extra: `aiconfigurator-core`),
+for the vLLM backend: the bf16 GEMM table prices the projections and the LM head, the context and
+generation attention tables price attention, and vLLM's custom all-reduce table prices the all-reduces.
+
+The package measures no norm, rotary, activation, embedding or sampler kernels (its own estimator prices
+them from the spec-sheet bandwidth), so those are a bandwidth formula here, with both constants taken
+from the GPU's own GEMM table: the floor is the median time of the smallest batch-1 GEMMs (n and k up to
+FLOOR_MAX_NK: launch and tail), the bandwidth the median a batch-1 GEMM reaches streaming at least
+STREAM_MIN_BYTES of weights (too many to stay in L2).
+
+Times are interpolated linearly in log-log space between measured points. Below a table's grid a
+kernel costs the smallest measured one (a smaller problem is not faster than the launch floor); above
+it, time grows in proportion to the axis (GEMM m, n, k; decode batch and context) or to its square
+(prefill chunk length, causal attention). Lookups past the top count in `outside`; shapes off the n/k
+or head grids are listed by `describe()` instead, since they are fixed for a model and every step would count.
+
+Tables are parsed once per process (`lru_cache`) and each op's curve is built on first use, so a call
+is a bisect and a power: a simulation prices millions of steps.
+"""
+from __future__ import annotations
+
+import csv
+import importlib.metadata
+import importlib.util
+import math
+import re
+from bisect import bisect_right
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from sim.cost_models.kernels import AttentionShape
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from sim.cost_models.model_shape import ModelShape
+
+MISSING_EXTRA = "--cost-model aiconfigurator: needs the aic extra (pip install 'stepscope[aic]')"
+PACKAGE = "aiconfigurator-core"
+# stepscope hardware name -> AIConfigurator system (its systems/<name>.yaml and systems/data/<name>/).
+AIC_SYSTEMS = {"a100": "a100_sxm", "b200": "b200_sxm", "h100": "h100_sxm", "h200": "h200_sxm", "l40s": "l40s",
+               "rtx-pro-6000": "rtx_pro_6000_server"}
+TABLES = {"gemm": ("gemm", "gemm_perf"), "context": ("attention", "context_attention_perf"),
+          "generation": ("attention", "generation_attention_perf"), "all_reduce": ("comm", "custom_allreduce_perf")}
+# vLLM's default attention kernel first (FA3 on Hopper, FlashInfer's TRT-LLM kernels on B200, FA2 on
+# Ada and consumer Blackwell, the single FA lane of older tables); the rest only if none of these is there.
+ATTENTION_LANES = ("vllm_flash_attn_fa3", "vllm_flashinfer_trtllmprefill", "vllm_flashinfer_trtllmdecode",
+                   "vllm_flash_attn_fa2", "vllm_flash_attn", "vllm_flashinfer_fiprefill", "vllm_flashinfer_fidecode",
+                   "vllm_flashinfer", "vllm_flash_attn_fa4", "vllm_triton_attn")
+MS = 1e-3  # every table's latency column is in milliseconds (CUDA event time)
+FLOOR_MAX_NK = 128  # the GEMMs whose time is all launch and tail
+STREAM_MIN_BYTES = 256 << 20  # weights too large to stay in L2: the GEMM streams them from memory
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4}
+EXTRACT_DIR = Path(__file__).with_name("data") / "aic_extract"
+EXTRACT_FILE = EXTRACT_DIR / "kernels.csv"
+EXTRACT_COLUMNS = ("gpu", "kernel", "op", "m", "n", "k", "batch", "kv", "heads", "kv_heads", "head_dim", "time_us",
+                   "kind", "class", "queries", "flops", "bytes", "kernel_source", "table")
+ALLREDUCE_FILE = EXTRACT_DIR / "allreduce.csv"
+ALLREDUCE_COLUMNS = ("gpu", "vllm_version", "tp", "message_bytes", "time_us", "table")
+
+
+@dataclass(frozen=True, slots=True)
+class LogCurve:
+    """Times measured at increasing `xs`: linear in log-log between points, the first time below them,
+    `ts[-1] * (x / xs[-1]) ** power` above them."""
+
+    xs: tuple[float, ...]
+    ts: tuple[float, ...]
+    slopes: tuple[float, ...]  # slopes[i]: log-log slope from point i-1 to point i (slopes[0] unused)
+    power: float
+
+    @classmethod
+    def of(cls, xs: list[float], ts: list[float], power: float = 1.0) -> LogCurve:
+        if not xs or len(xs) != len(ts) or any(b <= a for a, b in zip(xs, xs[1:])) or min(ts) <= 0:
+            raise ValueError("a curve needs increasing x and positive times")
+        slopes = [0.0] + [math.log(ts[i] / ts[i - 1]) / math.log(xs[i] / xs[i - 1]) for i in range(1, len(xs))]
+        return cls(tuple(map(float, xs)), tuple(map(float, ts)), tuple(slopes), power)
+
+    def __call__(self, x: float) -> float:
+        xs = self.xs
+        i = bisect_right(xs, x)
+        if i == 0:
+            return self.ts[0]
+        if i == len(xs):
+            return self.ts[-1] if x == xs[-1] else self.ts[-1] * (x / xs[-1]) ** self.power
+        x0 = xs[i - 1]
+        return self.ts[i - 1] if x == x0 else self.ts[i - 1] * (x / x0) ** self.slopes[i]
+
+
+@dataclass(frozen=True, slots=True)
+class BatchGrid:
+    """Decode attention over (batch, context): one context curve per measured batch (their context
+    ranges differ: the tables stop where batch x context gets large), log-log between batches, in
+    proportion to the batch above the largest."""
+
+    batches: tuple[float, ...]
+    curves: tuple[LogCurve, ...]
+
+    def __call__(self, batch: float, kv: float) -> float:
+        return self.at(batch, kv)[0]
+
+    def at(self, batch: float, kv: float) -> tuple[float, bool]:
+        """(seconds, outside): outside when past the largest batch or past the contexts measured in the
+        batch rows it is read from."""
+        bs = self.batches
+        i = bisect_right(bs, batch)
+        if i == 0:
+            return self.curves[0](kv), True
+        below = self.curves[i - 1]
+        t0 = below(kv)
+        outside = kv > below.xs[-1] or kv < below.xs[0]
+        b0 = bs[i - 1]
+        if batch == b0:
+            return t0, outside
+        if i == len(bs):
+            return t0 * batch / b0, True
+        above = self.curves[i]
+        w = math.log(batch / b0) / math.log(bs[i] / b0)
+        return t0 * (above(kv) / t0) ** w, outside or kv > above.xs[-1] or kv < above.xs[0]
+
+
+@dataclass(frozen=True, slots=True)
+class Streaming:
+    """A kernel priced as `floor + tokens * per_token` (seconds): launch floor plus bytes over bandwidth."""
+
+    floor: float
+    per_token: float
+
+    def __call__(self, x: float) -> float:
+        return self.floor + x * self.per_token
+
+
+def package_root() -> Path:
+    """The installed aiconfigurator_core directory, found without importing it (its Rust extension loads
+    on import, and only the data files are read here)."""
+    spec = importlib.util.find_spec("aiconfigurator_core")
+    if spec is None or not spec.submodule_search_locations:
+        raise ValueError(MISSING_EXTRA)
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def _version_key(version: str) -> tuple[int, ...]:
+    return tuple(int(p) if p.isdigit() else -1 for p in re.split(r"[.\-+]", version))
+
+
+def table_file(root: Path, system: str, kind: str) -> tuple[str, Path] | None:
+    """(vLLM version, file) of the newest version directory holding a table of this kind, or None."""
+    family, stem = TABLES[kind]
+    base = root / "systems" / "data" / system / family / "vllm"
+    if not base.is_dir():
+        return None
+    for version in sorted((p.name for p in base.iterdir() if p.is_dir()), key=_version_key, reverse=True):
+        for ext in (".parquet", ".csv", ".txt"):
+            path = base / version / (stem + ext)
+            if path.is_file():
+                return version, path
+    return None
+
+
+def available_hardware(root: Path | None = None) -> list[str]:
+    """The stepscope hardware names whose system has vLLM GEMM and attention tables in the installed package."""
+    root = root or package_root()
+    return sorted(name for name, system in AIC_SYSTEMS.items()
+                  if all(table_file(root, system, kind) for kind in ("gemm", "context", "generation")))
+
+
+@lru_cache(maxsize=32)
+def read_table(path: str) -> pd.DataFrame:
+    """One table, parsed once per process (sweeps build many cost models over the same files)."""
+    import pandas as pd
+
+    return pd.read_parquet(path) if path.endswith(".parquet") else pd.read_csv(path, skipinitialspace=True)
+
+
+def _bf16_gemm(path: str) -> pd.DataFrame:
+    df = read_table(path)
+    df = df[df["latency"] > 0]
+    df = df[df["gemm_dtype"].isin(("bfloat16", "float16"))] if "gemm_dtype" in df else df
+    if "kernel_source" in df and df["kernel_source"].nunique() > 1:  # one kernel per shape: the best-covered
+        df = df[df["kernel_source"] == df["kernel_source"].value_counts().idxmax()]
+    return df
+
+
+@lru_cache(maxsize=16)
+def _gemm_grid(path: str) -> tuple[dict[tuple[int, int], tuple[list[float], list[float]]], list[int], list[int]]:
+    """{(n, k): (m, seconds)} of the bf16 GEMMs, with the sorted n and k grids."""
+    mean = _bf16_gemm(path).groupby(["n", "k", "m"])["latency"].mean()  # sorted by n, k, then m
+    n, k, m = (mean.index.get_level_values(i).to_numpy() for i in range(3))
+    t = mean.to_numpy() * MS
+    starts = [0, *(i for i in range(1, len(n)) if n[i] != n[i - 1] or k[i] != k[i - 1]), len(n)]
+    table = {(int(n[a]), int(k[a])): (m[a:b].tolist(), t[a:b].tolist()) for a, b in zip(starts, starts[1:])}
+    return table, sorted({n for n, _ in table}), sorted({k for _, k in table})
+
+
+def _attention_rows(path: str) -> pd.DataFrame:
+    """bf16 attention with a bf16 KV cache, no sliding window, no beam search."""
+    df = read_table(path)
+    df = df[df["latency"] > 0]
+    keep = df["kv_cache_dtype"].isin(("bfloat16", "float16")) if "kv_cache_dtype" in df else True
+    if "window_size" in df:
+        keep = keep & (df["window_size"] == 0)
+    if "beam_width" in df:
+        keep = keep & (df["beam_width"] == 1)
+    return df[keep] if keep is not True else df
+
+
+def _lane(df: pd.DataFrame, head_dim: int) -> str:
+    """vLLM's default kernel among the table's lanes: the first of ATTENTION_LANES that measured this
+    head_dim, else the first present, else the lane with the most rows."""
+    present = set(df["kernel_source"])
+    known = [lane for lane in ATTENTION_LANES if lane in present]
+    dims = df.groupby("kernel_source")["head_dim"].agg(set)
+    return next((lane for lane in known if head_dim in dims[lane]),
+                known[0] if known else str(df["kernel_source"].value_counts().idxmax()))
+
+
+def _points(g: pd.DataFrame, x: str) -> tuple[list[float], list[float]]:
+    """(x, seconds) sorted by x, repeated measurements of one x averaged."""
+    m = g.groupby(x)["latency"].mean().sort_index()
+    return m.index.tolist(), [t * MS for t in m.tolist()]
+
+
+def _nearest(values: list[int], x: float) -> int:
+    return min(values, key=lambda v: (abs(math.log(v / x)), -v))
+
+
+def _bracket(grid: list[int], x: float) -> tuple[list[tuple[int, float]], float]:
+    """Grid points around x with their log-space weights, and the factor for x past the top of the grid."""
+    if x <= grid[0]:
+        return [(grid[0], 1.0)], 1.0
+    if x >= grid[-1]:
+        return [(grid[-1], 1.0)], x / grid[-1]
+    i = bisect_right(grid, x)
+    lo, hi = grid[i - 1], grid[i]
+    if x == lo:
+        return [(lo, 1.0)], 1.0
+    w = math.log(x / lo) / math.log(hi / lo)
+    return [(lo, 1.0 - w), (hi, w)], 1.0
+
+
+def _blend(curves: list[tuple[Any, float]], points: list[float], scale: float = 1.0) -> list[float]:
+    """Weighted geometric mean of callables at `points`, times `scale`."""
+    return [scale * math.exp(sum(w * math.log(c(x)) for c, w in curves)) for x in points]
+
+
+class AIConfiguratorKernels:
+    """`KernelTimes` of one tensor-parallel rank from AIConfigurator's measured vLLM tables.
+
+    `shape` is already the rank's shard (heads, KV heads, intermediate and vocab divided by `tp`); `tp`
+    is only used to give the sampler the whole vocabulary (vLLM gathers the logits before sampling).
+    """
+
+    def __init__(self, shape: ModelShape, hardware: str, tp: int = 1) -> None:
+        root = package_root()
+        key = str(hardware).lower()
+        available = available_hardware(root)
+        if key not in available:
+            raise ValueError(f"--hardware {hardware}: AIConfigurator has no vLLM kernel tables for it; available: "
+                             f"{', '.join(available)}")
+        if shape.dtype not in ("bfloat16", "float16"):
+            raise ValueError(f"--cost-model aiconfigurator: prices 16-bit models from the bf16 tables, "
+                             f"not {shape.dtype}")
+        self.shape = shape
+        self.hardware = key
+        self.system = AIC_SYSTEMS[key]
+        self.tp = tp
+        self.root = root
+        self.version = importlib.metadata.version(PACKAGE)
+        self.files = {kind: found for kind in TABLES if (found := table_file(root, self.system, kind))}
+        self.source = f"AIConfigurator {self.version} {self.system} (vLLM {self.files['gemm'][0]} kernel tables)"
+        self.outside = 0
+        self._dense: dict[str, Any] = {}
+        self._sequence: dict[str, Any] = {}
+        self._gemms: dict[tuple[int, int], LogCurve] = {}
+        self._context: LogCurve | None = None
+        self._decode: BatchGrid | None = None
+        self._all_reduce: dict[tuple[int, bool], LogCurve | None] = {}
+        self._streaming: tuple[float, float] | None = None
+        self.notes: dict[str, str] = {}
+
+    # --- the KernelTimes seam -------------------------------------------------------------------------
+
+    def dense(self, op: str, tokens: int) -> float:
+        if tokens <= 0:
+            return 0.0
+        f = self._dense.get(op)
+        if f is None:
+            f = self._dense[op] = self._build_dense(op)
+        if f.__class__ is LogCurve and tokens > f.xs[-1]:
+            self.outside += 1
+        return f(tokens)
+
+    def per_sequence(self, op: str, sequences: int) -> float:
+        if sequences <= 0:
+            return 0.0
+        f = self._sequence.get(op)
+        if f is None:
+            f = self._sequence[op] = self._build_sequence(op)
+        if f.__class__ is LogCurve and sequences > f.xs[-1]:
+            self.outside += 1
+        return f(sequences)
+
+    def attention(self, shape: AttentionShape) -> float:
+        """The prefill chunk's context attention plus the decodes' generation attention, each measured
+        alone (vLLM runs them as one varlen call, so a mixed call pays one kernel floor less than this)."""
+        t = 0.0
+        if shape.prefill_chunk > 0:
+            t += self._prefill(shape.prefill_chunk, shape.kv_prefill)
+        if shape.n_decode > 0:
+            grid = self._decode
+            if grid is None:
+                grid = self._build_decode()
+            kv = shape.kv_decode
+            decode, outside = grid.at(shape.n_decode, kv if kv > 1 else 1)
+            if outside:
+                self.outside += 1
+            t += decode
+        return t
+
+    def skew_alpha(self, shape: AttentionShape, kv_min: int, kv_max: int) -> float:
+        """0: the tables measure batches of equal contexts only, so attention is priced at the mean."""
+        return 0.0
+
+    def all_reduce_time(self, nbytes: float, tp: int, eager: bool = False) -> float | None:
+        """vLLM's all-reduce of `nbytes` over `tp` GPUs as measured (custom all-reduce inside a CUDA graph,
+        or eager), or None where the database has no measurement for this GPU and degree."""
+        if tp <= 1 or nbytes <= 0:
+            return 0.0
+        key = (tp, eager)
+        if key not in self._all_reduce:
+            self._all_reduce[key] = self._build_all_reduce(tp, eager)
+        curve = self._all_reduce[key]
+        if curve is None:
+            return None
+        if nbytes > curve.xs[-1]:
+            self.outside += 1
+        return curve(nbytes)
+
+    def describe(self) -> dict:
+        floor, bandwidth = self._streaming_constants()
+        self._context or self._build_context()
+        self._decode or self._build_decode()
+        files = {kind: {"vllm_version": v, "path": str(p.relative_to(self.root))} for kind, (v, p) in self.files.items()}
+        return {"source": self.source, "package": PACKAGE, "version": self.version, "system": self.system,
+                "hardware": self.hardware, "device": str(read_table(str(self.files["gemm"][1]))["device"].iloc[0]),
+                "backend": "vllm", "tables": files, "kernel_floor_s": floor, "stream_bandwidth_Bps": bandwidth,
+                "unmeasured": "layernorm, qk_norm, rotary_emb, act_fn, embedding, final_layernorm, sampler: "
+                              "floor + bytes / stream bandwidth", "notes": dict(self.notes)}
+
+    # --- GEMMs ----------------------------------------------------------------------------------------
+
+    def gemm(self, n: int, k: int) -> LogCurve:
+        """The bf16 GEMM (m x k) @ (k x n) over m: the measured curve at a grid (n, k), log-log between
+        the grid's n and k neighbours, in proportion to n and k past the largest measured."""
+        curve = self._gemms.get((n, k))
+        if curve is not None:
+            return curve
+        table, ns, ks = _gemm_grid(str(self.files["gemm"][1]))
+        n_pts, n_scale = _bracket(ns, n)
+        k_pts, k_scale = _bracket(ks, k)
+        corners = []
+        for cn, wn in n_pts:
+            for ck, wk in k_pts:
+                if (cn, ck) in table:
+                    corners.append((LogCurve.of(*table[(cn, ck)]), wn * wk, 1.0))
+                else:  # a hole in the grid: the nearest measured shape, scaled by the work
+                    near = min(table, key=lambda nk: abs(math.log(nk[0] * nk[1] / (cn * ck))))
+                    ms, ts = table[near]
+                    scale = cn * ck / (near[0] * near[1])
+                    corners.append((LogCurve.of(ms, [t * scale for t in ts]), wn * wk, scale))
+        if n_scale != 1.0 or k_scale != 1.0 or len(corners) > 1 or corners[0][2] != 1.0:
+            self.notes[f"gemm n={n} k={k}"] = ("interpolated between measured n, k" if n_scale == k_scale == 1.0
+                                               else "past the largest measured n or k: scaled in proportion")
+        if len(corners) == 1 and n_scale == k_scale == 1.0:
+            curve = corners[0][0]
+        else:
+            points = sorted(set().union(*(c.xs for c, _, _ in corners)))
+            curve = LogCurve.of(points, _blend([(c, w) for c, w, _ in corners], points, n_scale * k_scale))
+        self._gemms[(n, k)] = curve
+        return curve
+
+    def _build_dense(self, op: str) -> Any:
+        s = self.shape
+        gemms = {"qkv_proj": ((s.num_heads + 2 * s.num_kv_heads) * s.head_dim, s.hidden),
+                 "o_proj": (s.hidden, s.num_heads * s.head_dim), "gate_up_proj": (2 * s.intermediate, s.hidden),
+                 "down_proj": (s.hidden, s.intermediate)}
+        if op in gemms:
+            return self.gemm(*gemms[op])
+        b = s.dtype_bytes
+        qk = (s.num_heads + s.num_kv_heads) * s.head_dim
+        # Bytes per token: the fused residual add + RMS norm reads and writes the hidden state and the
+        # residual; q/k norm and rotary read and write q and k; SiLU-and-mul reads gate and up and writes
+        # one; the embedding gathers one row and writes it.
+        per_token = {"layernorm": 4 * s.hidden * b, "final_layernorm": 4 * s.hidden * b,
+                     "qk_norm": 2 * qk * b if s.qk_norm else 0, "rotary_emb": 2 * qk * b,
+                     "act_fn": 3 * s.intermediate * b, "embedding": 2 * s.hidden * b}
+        if op not in per_token:
+            raise ValueError(f"unknown dense op {op!r}; known: {', '.join([*gemms, *per_token])}")
+        if not per_token[op]:
+            return Streaming(0.0, 0.0)
+        floor, bandwidth = self._streaming_constants()
+        return Streaming(floor, per_token[op] / bandwidth)
+
+    def _build_sequence(self, op: str) -> Any:
+        s = self.shape
+        if op == "lm_head":
+            return self.gemm(s.vocab, s.hidden)
+        if op == "sampler":
+            # Three passes over the gathered float32 logits (cast from bf16, probabilities, the pick):
+            # (2 + 4) + (4 + 4) + 4 bytes per vocabulary entry, three kernel floors.
+            floor, bandwidth = self._streaming_constants()
+            return Streaming(3 * floor, 18 * s.vocab * self.tp / bandwidth)
+        raise ValueError(f"unknown per-sequence op {op!r}; known: lm_head, sampler")
+
+    def _streaming_constants(self) -> tuple[float, float]:
+        """(floor seconds, bytes/s) from the GEMM table: the median of the smallest batch-1 GEMMs, and the
+        median weight-streaming rate of batch-1 GEMMs with at least STREAM_MIN_BYTES of weights."""
+        if self._streaming is None:
+            df = _bf16_gemm(str(self.files["gemm"][1]))
+            one = df[df["m"] == 1]
+            small = one[(one["n"] <= FLOOR_MAX_NK) & (one["k"] <= FLOOR_MAX_NK)]["latency"]
+            big = one[2 * one["n"] * one["k"] >= STREAM_MIN_BYTES]
+            if small.empty or big.empty:
+                raise ValueError(f"{self.files['gemm'][1]}: no batch-1 GEMMs to take a kernel floor and bandwidth from")
+            rate = (2 * big["n"] * big["k"]) / (big["latency"] * MS)
+            self._streaming = (float(small.median()) * MS, float(rate.median()))
+        return self._streaming
+
+    # --- attention ------------------------------------------------------------------------------------
+
+    def _slice(self, kind: str) -> tuple[pd.DataFrame, float, str]:
+        """The measured rows for this model's heads: (rows, scale, label). Off the head grid: log-log
+        between the two measured query-head counts around it (label says so and the caller blends), a
+        nearest head_dim / KV-head count scaled up in proportion when the model's is larger."""
+        s = self.shape
+        df = _attention_rows(str(self.files[kind][1]))
+        lane = _lane(df, s.head_dim)
+        df = df[df["kernel_source"] == lane]
+        dims = sorted(set(df["head_dim"]))
+        d = s.head_dim if s.head_dim in dims else _nearest(dims, s.head_dim)
+        df = df[df["head_dim"] == d]
+        kvs = sorted(set(df["num_key_value_heads"]))
+        kv = s.num_kv_heads if s.num_kv_heads in kvs else _nearest(kvs, s.num_kv_heads)
+        df = df[df["num_key_value_heads"] == kv]
+        # Decode streams the KV cache (KV heads x head_dim), prefill computes per query head x head_dim.
+        grow = (s.num_kv_heads / kv if kind == "generation" else 1.0) * s.head_dim / d
+        scale = max(grow, 1.0)
+        if (d, kv) != (s.head_dim, s.num_kv_heads):
+            self.notes[f"{kind} attention"] = (f"{s.num_heads}/{s.num_kv_heads} heads of {s.head_dim} not measured: "
+                                               f"KV heads {kv}, head_dim {d}, scaled by {scale:g}")
+        return df, scale, str(lane)
+
+    def _by_heads(self, df: pd.DataFrame, build: Any) -> list[tuple[Any, float]]:
+        """The per-query-head-count tables around the model's, with log-space weights."""
+        heads = sorted(set(df["num_heads"]))
+        pts, over = _bracket(heads, self.shape.num_heads)
+        if len(pts) > 1 or over != 1.0 or pts[0][0] != self.shape.num_heads:
+            self.notes["query heads"] = (f"{self.shape.num_heads} not measured: from {[h for h, _ in pts]}"
+                                         + (f", scaled by {over:g}" if over != 1.0 else ""))
+        return [(build(df[df["num_heads"] == h], over), w) for h, w in pts]
+
+    def _build_context(self) -> LogCurve:
+        rows, scale, lane = self._slice("context")
+        rows = rows[rows["batch_size"] == 1]
+
+        def curve(g: pd.DataFrame, over: float) -> LogCurve:
+            xs, ts = _points(g, "isl")
+            return LogCurve.of(xs, [t * scale * over for t in ts], power=2.0)
+
+        parts = self._by_heads(rows, curve)
+        if len(parts) == 1:
+            self._context = parts[0][0]
+        else:
+            points = sorted(set().union(*(c.xs for c, _ in parts)))
+            self._context = LogCurve.of(points, _blend(parts, points), power=2.0)
+        self.notes["context lane"] = lane
+        return self._context
+
+    def _prefill(self, chunk: int, cached: int) -> float:
+        """A chunk of `chunk` tokens after `cached` ones. The table measures prefills without a cache, so
+        this is the whole prefill of chunk + cached tokens times the share of its query-key pairs the
+        chunk computes, but never less than the chunk alone without a cache."""
+        curve = self._context
+        if curve is None:
+            curve = self._build_context()
+        total = chunk + cached
+        if total > curve.xs[-1]:
+            self.outside += 1
+        alone = curve(chunk)
+        if cached <= 0:
+            return alone
+        share = chunk * (chunk + 2 * cached) / (total * total)
+        with_cache = curve(total) * share
+        return with_cache if with_cache > alone else alone
+
+    def _build_decode(self) -> BatchGrid:
+        rows, scale, lane = self._slice("generation")
+
+        def grid(g: pd.DataFrame, over: float) -> BatchGrid:
+            batches, curves = [], []
+            for b, gb in g.groupby("batch_size"):
+                # The table's step is the context each decode attends to (cached tokens plus its own).
+                xs, ts = _points(gb, "step")
+                curves.append(LogCurve.of(xs, [t * scale * over for t in ts]))
+                batches.append(float(b))
+            return BatchGrid(tuple(batches), tuple(curves))
+
+        parts = self._by_heads(rows, grid)
+        if len(parts) == 1:
+            self._decode = parts[0][0]
+        else:  # blend the head counts at the union of each batch row's measured contexts
+            (g0, w0), (g1, w1) = parts
+            batches = sorted(set(g0.batches) & set(g1.batches))
+            curves = []
+            for b in batches:
+                pts = sorted(set(g0.curves[g0.batches.index(b)].xs) | set(g1.curves[g1.batches.index(b)].xs))
+                ts = [math.exp(w0 * math.log(g0(b, x)) + w1 * math.log(g1(b, x))) for x in pts]
+                curves.append(LogCurve.of(pts, ts))
+            self._decode = BatchGrid(tuple(batches), tuple(curves))
+        self.notes["generation lane"] = lane
+        return self._decode
+
+    # --- all-reduce -----------------------------------------------------------------------------------
+
+    def _build_all_reduce(self, tp: int, eager: bool) -> LogCurve | None:
+        found = self.files.get("all_reduce")
+        if found is None:
+            return None
+        df = read_table(str(found[1]))
+        df = df[(df["num_gpus"] == tp) & (df["kernel_source"].str.endswith("eager" if eager else "graph"))]
+        if df.empty:
+            return None
+        # message_size counts elements of allreduce_dtype.
+        df = df.assign(nbytes=df["message_size"] * df["allreduce_dtype"].map(DTYPE_BYTES).fillna(2))
+        return LogCurve.of(*_points(df, "nbytes"))
+
+
+# --- the extract kept in the repository (data/aic_extract), for fits and tests without the package ------
+
+# Shapes of the extract: the layer GEMMs of each model at each tensor-parallel degree.
+_EXTRACT_MODELS = {"llama-3.1-8b": (4096, 32, 8, 128, 14336, (1,)), "qwen3-0.6b": (1024, 16, 8, 128, 3072, (1,)),
+                   "qwen3-32b": (5120, 64, 8, 128, 25600, (1, 2))}
+_EXTRACT_M = (1, 8, 32, 128, 512, 2048, 8192)
+_EXTRACT_DECODE = ((1, 4, 16, 64, 128, 256), (128, 512, 1024, 2048, 4096, 8192))
+_EXTRACT_CHUNKS = (16, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+EXTRACT_GPUS = ("h100", "h200", "b200", "a100", "l40s", "rtx-pro-6000")
+# Message sizes (elements) of the all-reduce extract: 4096 and each fourfold size; the ones a table measured are kept.
+_ALLREDUCE_SIZES = tuple(4096 * 4**i for i in range(16))
+_ALLREDUCE_LANE = "vLLM_custom_graph"  # vLLM's custom all-reduce captured in a CUDA graph (backend vllm_graph)
+
+
+def extract_rows(hardware: tuple[str, ...] = EXTRACT_GPUS) -> list[dict]:
+    """Measured rows only: GEMMs at each layer shape's (n, k), or at the grid (n, k) around it when it is
+    off the grid; decode attention at the grid contexts nearest each requested one; prefill at batch 1."""
+    root = package_root()
+    rows: list[dict] = []
+    for hw in hardware:
+        system = AIC_SYSTEMS[hw]
+        version, path = table_file(root, system, "gemm")
+        gemm = _bf16_gemm(str(path))
+        ns, ks = sorted(set(gemm["n"])), sorted(set(gemm["k"]))
+        for model, (h, heads, kvh, d, inter, tps) in _EXTRACT_MODELS.items():
+            for tp in tps:
+                q, kv, i = heads // tp * d, max(kvh // tp, 1) * d, inter // tp
+                for op, (n, k) in {"qkv_proj": (q + 2 * kv, h), "o_proj": (h, q), "gate_up_proj": (2 * i, h),
+                                   "down_proj": (h, i)}.items():
+                    for cn, _ in _bracket(ns, n)[0]:
+                        for ck, _ in _bracket(ks, k)[0]:
+                            sel = gemm[(gemm["n"] == cn) & (gemm["k"] == ck) & gemm["m"].isin(_EXTRACT_M)]
+                            label = f"{model}{f'-tp{tp}' if tp > 1 else ''}/{op}" + ("" if (cn, ck) == (n, k)
+                                                                                      else f" (n={n} k={k})")
+                            for r in sel.sort_values("m").itertuples():
+                                rows.append({"gpu": hw, "kernel": "gemm", "op": label, "m": r.m, "n": cn, "k": ck,
+                                             "time_us": round(r.latency * 1e3, 4), "kernel_source": r.kernel_source,
+                                             "table": str(path.relative_to(root))})
+        for kind, name in (("generation", "decode_attention"), ("context", "context_attention")):
+            _, apath = table_file(root, system, kind)
+            df = _attention_rows(str(apath))
+            df = df[(df["num_heads"] == 32) & (df["num_key_value_heads"] == 8) & (df["head_dim"] == 128)]
+            lane = _lane(df, 128)
+            df = df[df["kernel_source"] == lane]
+            if kind == "generation":
+                steps = sorted(set(df["step"]))
+                wanted = [(b, _nearest(steps, kv)) for b in _EXTRACT_DECODE[0] for kv in _EXTRACT_DECODE[1]]
+                picked = [df[(df["batch_size"] == b) & (df["step"] == s)] for b, s in wanted]
+            else:
+                picked = [df[(df["batch_size"] == 1) & (df["isl"] == c)] for c in _EXTRACT_CHUNKS]
+            for sel in picked:
+                for r in sel.itertuples():
+                    shape = {"batch": r.batch_size, "kv": r.step} if kind == "generation" else {"batch": 1, "m": r.isl,
+                                                                                                "kv": 0}
+                    rows.append({"gpu": hw, "kernel": name, "op": "llama-3.1-8b/attention", **shape, "heads": 32,
+                                 "kv_heads": 8,
+                                 "head_dim": 128, "time_us": round(r.latency * 1e3, 4), "kernel_source": lane,
+                                 "table": str(apath.relative_to(root))})
+    return rows
+
+
+def roofline_terms(row: dict) -> dict:
+    """The row's work as the per-kernel roofline counts it (bf16): a GEMM's 2mnk FLOPs and its three
+    matrices' bytes; attention's 4 FLOPs per head dimension per causal query-key pair and the K, V read
+    plus q and the output. `queries`: the GEMM's rows, or the attention call's query tokens."""
+    if row["kernel"] == "gemm":
+        m, n, k = row["m"], row["n"], row["k"]
+        return {"kind": "gemm", "class": "gemm", "queries": m, "flops": 2 * m * n * k, "bytes": 2 * (n * k + m * k + m * n)}
+    q_size, kv_size = row["heads"] * row["head_dim"], row["kv_heads"] * row["head_dim"]
+    if row["kernel"] == "decode_attention":
+        queries, pairs, kv_tokens = row["batch"], row["batch"] * row["kv"], row["batch"] * row["kv"]
+    else:
+        queries, pairs, kv_tokens = row["m"], row["m"] * (row["m"] + 1) // 2, row["m"]
+    return {"kind": row["kernel"], "class": "attention", "queries": queries, "flops": 4 * q_size * pairs,
+            "bytes": 2 * (2 * kv_tokens * kv_size + 2 * queries * q_size)}
+
+
+def allreduce_rows(hardware: tuple[str, ...] = EXTRACT_GPUS) -> list[dict]:
+    """vLLM's custom all-reduce in a CUDA graph, bf16, from every vLLM version directory of each GPU's comm
+    tables: each measured GPU count, message sizes of _ALLREDUCE_SIZES the table measured."""
+    root = package_root()
+    rows: list[dict] = []
+    for hw in hardware:
+        base = root / "systems" / "data" / AIC_SYSTEMS[hw] / "comm" / "vllm"
+        versions = sorted((p.name for p in base.iterdir() if p.is_dir()), key=_version_key) if base.is_dir() else []
+        for version in versions:
+            path = base / version / (TABLES["all_reduce"][1] + ".parquet")
+            if not path.is_file():
+                continue
+            df = read_table(str(path))
+            df = df[(df["kernel_source"] == _ALLREDUCE_LANE) & (df["allreduce_dtype"] == "bfloat16")
+                    & (df["latency"] > 0) & df["message_size"].isin(_ALLREDUCE_SIZES)]
+            mean = df.groupby(["num_gpus", "message_size"])["latency"].mean()
+            for (tp, elements), ms in mean.items():
+                rows.append({"gpu": hw, "vllm_version": version, "tp": int(tp), "message_bytes": int(elements) * 2,
+                             "time_us": round(float(ms) * 1e3, 4), "table": str(path.relative_to(root))})
+    return rows
+
+
+def _write_csv(path: Path, columns: tuple[str, ...], rows: list[dict]) -> int:
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, columns, lineterminator="\n")
+        w.writeheader()
+        w.writerows(rows)
+    return len(rows)
+
+
+def write_extract(path: Path = EXTRACT_FILE, allreduce_path: Path = ALLREDUCE_FILE) -> dict[str, int]:
+    """Writes `extract_rows()` (with their roofline terms) and `allreduce_rows()` as CSV; returns each
+    file's row count by file name."""
+    kernels = [{**r, **roofline_terms(r)} for r in extract_rows()]
+    return {path.name: _write_csv(path, EXTRACT_COLUMNS, kernels),
+            allreduce_path.name: _write_csv(allreduce_path, ALLREDUCE_COLUMNS, allreduce_rows())}
+
+
+def load_extract(path: Path = EXTRACT_FILE) -> list[dict[str, Any]]:
+    """The extract's rows (`kernels.csv`, or `ALLREDUCE_FILE`), numbers as int or float and empty cells as
+    None; needs no aiconfigurator."""
+    out = []
+    with open(path, newline="") as f:
+        for row in csv.DictReader(f):
+            rec: dict[str, Any] = {}
+            for key, text in row.items():
+                if key in ("gpu", "kernel", "op", "kind", "class", "kernel_source", "table", "vllm_version"):
+                    rec[key] = text
+                elif text == "":
+                    rec[key] = None
+                else:
+                    rec[key] = float(text) if key == "time_us" else int(text)
+            out.append(rec)
+    return out
