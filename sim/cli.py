@@ -1,5 +1,5 @@
 """`sim` command line: `replay` a workload file or an engine trace on the engine's own scheduler,
-`compare` two traces, `calibrate` a cost model from engine traces.
+`compare` two traces, `calibrate` a cost model from engine traces, `import-run` a measured vLLM run.
 
 Scheduler and cache flags carry the engine's names and meaning: sim.flags derives them from engine.core's
 SchedulerConfig/CacheConfig, as `engine run` does. Bad input ends with one line on stderr naming
@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sim.cost_models.hardware import hardware_names
+from sim.cost_models.hardware import hardware_help
 from sim.flags import OneLineParser, add_engine_flags, config_error, recorded_or_flag
 from sim.plan_config import DEFAULT_HARDWARE, DEFAULT_MODEL
 from traces.recorder import TRACE_LEVELS
@@ -29,16 +29,21 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("source", metavar="FILE.yaml|TRACE_DIR")
     r.add_argument("--trace", default=None, metavar="DIR",
                    help="write the trace here (default: runs/<source>-sim-<date-time>/)")
-    r.add_argument("--cost-model", default=None, help="recorded | calibrated | roofline | PROFILE.json "
-                   "(default: recorded for a trace, roofline for a workload)")
+    r.add_argument("--cost-model", default=None, help="recorded | calibrated | roofline | aiconfigurator | "
+                   "PROFILE.json | BUNDLE_DIR (kernels measured on the GPU) (default: recorded for an engine trace, "
+                   "roofline for a workload or an imported run)")
     r.add_argument("--profile", default=None, metavar="PROFILE.json", help="for calibrated (or roofline on cpu)")
     r.add_argument("--step-noise", action="store_true",
                    help="calibrated: one replay with measured residuals drawn in blocks, seeded by --seed")
     r.add_argument("--samples", type=int, default=None, metavar="N",
                    help="calibrated: also rerun N seeded replays with sampled residuals; metrics as median [p5-p95]")
-    r.add_argument("--model", default=None, help=f"model preset for roofline (default: the trace's model, "
-                   f"else {DEFAULT_ROOFLINE_MODEL})")
-    r.add_argument("--hardware", default=None, help=f"{' | '.join(hardware_names())} (default {DEFAULT_HARDWARE})")
+    r.add_argument("--model", default=None, help=f"model preset, config.json or a directory holding one (default: "
+                   f"the trace's model, else {DEFAULT_ROOFLINE_MODEL})")
+    r.add_argument("--hardware", default=None, help=f"{hardware_help()} (default {DEFAULT_HARDWARE}, or a bundle's "
+                   "own GPU)")
+    r.add_argument("--tensor-parallel-size", type=int, default=None, metavar="N",
+                   help="shard weights and KV heads over N GPUs, two all-reduces per layer (default: the trace's, "
+                   "else 1)")
     r.add_argument("--time-scale", type=float, default=1.0, help="multiply arrival times (0.5: twice as fast)")
     r.add_argument("--max-requests", type=int, default=None, help="stop after this many requests")
     r.add_argument("--vocab-size", type=int, default=32000, help="workloads draw token ids below this")
@@ -57,6 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("calibrate", help="fit a cost model from engine traces (sim calibrate -h)", add_help=False)
     sub.add_parser("plan", help="capacity planning under SLOs (sim plan -h)", add_help=False).add_argument(
         "rest", nargs=argparse.REMAINDER)
+    sub.add_parser("import-run", help="a measured vLLM run (run bundle or vllm bench serve result) as a trace "
+                   "directory (sim import-run -h)", add_help=False)
     return p
 
 
@@ -111,7 +118,7 @@ def _check_flags(args: argparse.Namespace) -> None:
         raise ValueError("--samples/--step-noise: need a calibrated cost model (--cost-model PROFILE.json), "
                          "the only one with a measured residual distribution")
     for flag, value, low in (("--max-requests", args.max_requests, 1), ("--num-gpu-blocks-override", args.num_gpu_blocks_override, 2),
-                             ("--vocab-size", args.vocab_size, 4)):
+                             ("--vocab-size", args.vocab_size, 4), ("--tensor-parallel-size", args.tensor_parallel_size, 1)):
         if value is not None and value < low:
             raise ValueError(f"{flag}: must be >= {low}, got {value}")
     if not Path(args.source).exists():
@@ -122,25 +129,39 @@ def _simulate(args: argparse.Namespace, trace_dir: str, residual_seed: int | Non
               progress: bool = False, announce: bool = False) -> tuple[Any, Any]:
     """One replay of `args.source` into `trace_dir`: (SimResult, cost model); `announce` prints first
     what is simulated."""
+    from engine.core.config import SchedulerConfig
     from sim.cost_models import get_cost_model
+    from sim.cost_models.kernels import KernelSumCostModel
     from sim.loop import Simulator
     from sim.sources import open_source
     from traces.describe import describe_replay
 
-    is_trace = Path(args.source).is_dir()
-    name = args.cost_model or ("recorded" if is_trace else "roofline")
+    may_follow = args.cost_model in (None, "recorded") and args.time_scale == 1.0
+    source = open_source(args.source, args.vocab_size, args.max_requests, args.time_scale, exact_times=may_follow)
+    # A trace replays its own step times; a workload or an imported measured run (no steps, by design) the roofline.
+    imported = source.trace is not None and "import" in source.trace.meta and not len(source.trace.steps)
+    name = args.cost_model or ("recorded" if source.trace is not None and not imported else "roofline")
     exact = name == "recorded" and args.time_scale == 1.0
-    source = open_source(args.source, args.vocab_size, args.max_requests, args.time_scale, exact_times=exact)
+    if may_follow and not exact:
+        source = open_source(args.source, args.vocab_size, args.max_requests, args.time_scale)
     if name == "recorded" and source.trace is not None and not len(source.trace.steps):
         raise ValueError(f"{args.source}: the trace has no steps, so --cost-model recorded has no step times "
                          "to replay (use roofline or calibrated)")
     model = args.model or source.model.get("hf_config") or DEFAULT_ROOFLINE_MODEL
-    hardware = args.hardware or DEFAULT_HARDWARE
+    bundle = name not in ("recorded", "roofline", "calibrated", "aiconfigurator") and Path(name).is_dir()
+    hardware = args.hardware or (None if bundle else DEFAULT_HARDWARE)
+    tp = args.tensor_parallel_size or _recorded_tp(source)
+    recorded_async = recorded_or_flag(SchedulerConfig, args, source.scheduler).get("async_scheduling")
     cost_model = get_cost_model(name, source.trace, model=model, hardware=hardware, profile=args.profile,
-                                residual_seed=residual_seed)
+                                residual_seed=residual_seed, tensor_parallel_size=tp,
+                                async_scheduling=bool(recorded_async if recorded_async is not None
+                                                      else SchedulerConfig().async_scheduling),
+                                vllm_version=_recorded_vllm(source))
     sched, cache, how = build_configs(args, source, cost_model)
+    if isinstance(cost_model, KernelSumCostModel):
+        hardware = cost_model.hardware.name
     model_meta, simulated_hardware = _simulated_model(name, source, model, hardware, cost_model.describe())
-    meta = {"config": {"model": model_meta}, "workload": source.meta,
+    meta = {"config": {"model": model_meta, "parallel": {"tensor_parallel_size": tp}}, "workload": source.meta,
             "device": {"type": "sim", "hardware": simulated_hardware},
             "kv_cache": {"num_blocks": cache.num_gpu_blocks, "block_size": cache.block_size, "how": how}}
     if announce:
@@ -150,6 +171,21 @@ def _simulate(args: argparse.Namespace, trace_dir: str, residual_seed: int | Non
                     follow_recorded=exact)
     sim.recorder.set_trace_level(args.trace_level)
     return sim.run(source.requests, source.external_finishes, source.num_requests, progress=progress), cost_model
+
+
+def _recorded_vllm(source: Any) -> str | None:
+    """The vLLM version a recorded or imported run ran (its all-reduces are priced as that version's)."""
+    if source.trace is None:
+        return None
+    return (source.trace.meta.get("vllm") or {}).get("version")
+
+
+def _recorded_tp(source: Any) -> int:
+    """The tensor-parallel size the source trace ran with (an imported vLLM run records it), else 1."""
+    if source.trace is None:
+        return 1
+    parallel = (source.trace.meta.get("config") or {}).get("parallel") or {}
+    return int(parallel.get("tensor_parallel_size") or 1)
 
 
 def replay(args: argparse.Namespace) -> int:
@@ -247,6 +283,10 @@ def main(argv: list[str] | None = None) -> int:
         from sim.plan import main_plan
 
         return run_cli("sim plan", lambda: main_plan(argv[1:]))
+    if argv and argv[0] == "import-run":
+        from sim.import_run import main_import_run
+
+        return run_cli("sim import-run", lambda: main_import_run(argv[1:]))
     parser = build_parser()
     try:
         args = parser.parse_args(argv)

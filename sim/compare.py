@@ -19,7 +19,7 @@ from sim.speed_shift import same_shape_speed
 from traces.diff import aligned_pairs, ids_list, index_pairs, matching_steps
 from traces.summary import summarize
 
-METRICS = tuple(f"{m}_p{q}_s" for m in ("ttft", "tpot", "e2e") for q in (50, 90, 99)) + (
+METRICS = tuple(f"{m}_{s}_s" for m in ("ttft", "tpot", "e2e") for s in ("mean", "p50", "p90", "p99")) + (
     "output_throughput_tok_s", "request_throughput_req_s", "duration_s")
 
 
@@ -72,15 +72,17 @@ def _rel(a: float, b: float) -> float | None:
 
 
 def compare_traces(a: Any, b: Any) -> dict[str, Any]:
-    """The fidelity report of trace `b` against reference trace `a` (both `traces.Trace`)."""
+    """The fidelity report of trace `b` against reference trace `a` (both `traces.Trace`). A trace with
+    requests but no steps (a measured run brought in by `sim import-run`) has only its request metrics
+    compared; `step_level_skipped` says why the rest is absent."""
     na, nb = len(a.steps), len(b.steps)
+    if not na or not nb:
+        return _requests_only(a, b)
     same, da, db = matching_steps(a.decisions, na, b.decisions, nb)
     n = len(same)
     matched = int(same[:n].sum())
     first = int(np.flatnonzero(~same)[0]) if n and not same.all() else None
-    sa, sb = summarize(a.requests, a.steps), summarize(b.requests, b.steps)
-    metrics = {m: {"a": _clean(sa.get(m)), "b": _clean(sb.get(m)), "rel_error": _rel(sa.get(m), sb.get(m))}
-               for m in METRICS}
+    metrics = _metrics(a, b)
     k = min(na, nb)
     ta = _durations(a.steps)
     tb = _durations(b.steps)
@@ -101,6 +103,28 @@ def compare_traces(a: Any, b: Any) -> dict[str, Any]:
         "identical_step_time_mape": _mape(ta[paired], tb[pairs[paired]]), "identical_steps_paired": pairing,
         "attribution": attribute(a, b, pairs, pairing),
         "same_shape_speed": _speed(a, b),
+    }
+
+
+def _metrics(a: Any, b: Any) -> dict[str, dict[str, Any]]:
+    sa, sb = summarize(a.requests, a.steps), summarize(b.requests, b.steps)
+    return {m: {"a": _clean(sa.get(m)), "b": _clean(sb.get(m)), "rel_error": _rel(sa.get(m), sb.get(m))}
+            for m in METRICS}
+
+
+def _requests_only(a: Any, b: Any) -> dict[str, Any]:
+    """The report when a trace has no steps: request metrics, and the step-level entries empty."""
+    bare = [name for name, t in (("A", a), ("B", b)) if not len(t.steps)]
+    which = f"{' and '.join(bare)} {'have' if len(bare) > 1 else 'has'}"
+    return {
+        "a": str(a.path), "b": str(b.path), "steps_a": len(a.steps), "steps_b": len(b.steps),
+        "requests_a": int(len(a.requests)), "requests_b": int(len(b.requests)),
+        "step_level_skipped": f"{which} requests but no steps or decisions (a measured run's per-request "
+                              "times, e.g. from sim import-run): only request metrics are compared",
+        "matched_steps": 0, "decision_match_rate": None, "aligned_matched_steps": None,
+        "first_divergent_step": None, "divergence": [], "metrics": _metrics(a, b), "step_time_mape": None,
+        "steps_aligned": 0, "identical_step_time_mape": None, "identical_steps_paired": None, "attribution": None,
+        "same_shape_speed": None,
     }
 
 
@@ -134,11 +158,25 @@ def metric_label(name: str) -> tuple[str, float, str]:
     return (base, 1e3, "ms") if name.split("_")[0] in ("ttft", "tpot", "e2e", "itl", "queue") else (base, 1.0, "s")
 
 
+def _metric_lines(r: dict[str, Any]) -> list[str]:
+    lines = [f"{'metric':<24} {'A':>13} {'B':>13} {'rel.err':>9}"]
+    for name, m in r["metrics"].items():
+        label, scale, unit = metric_label(name)
+        fa = "n/a" if m["a"] is None else f"{m['a'] * scale:.2f} {unit}"
+        fb = "n/a" if m["b"] is None else f"{m['b'] * scale:.2f} {unit}"
+        err = "n/a" if m["rel_error"] is None else f"{m['rel_error'] * 100:+.2f}%"
+        lines.append(f"{label:<24} {fa:>13} {fb:>13} {err:>9}")
+    return lines
+
+
 def format_report(r: dict[str, Any]) -> str:
     lines = [f"A: {r['a']} ({r['steps_a']} steps, {r['requests_a']} requests)",
-             f"B: {r['b']} ({r['steps_b']} steps, {r['requests_b']} requests)",
-             f"decision match: {r['decision_match_rate'] * 100:.2f}% of steps ({r['matched_steps']} of "
-             f"{max(r['steps_a'], r['steps_b'])})"]
+             f"B: {r['b']} ({r['steps_b']} steps, {r['requests_b']} requests)"]
+    if r.get("step_level_skipped"):
+        lines.append(f"step-level comparison skipped: {r['step_level_skipped']}")
+        return "\n".join(lines + _metric_lines(r))
+    lines.append(f"decision match: {r['decision_match_rate'] * 100:.2f}% of steps ({r['matched_steps']} of "
+                 f"{max(r['steps_a'], r['steps_b'])})")
     aligned = r.get("aligned_matched_steps")
     if aligned is not None and aligned != r["matched_steps"]:
         lines.append(f"decision match once aligned: {aligned / max(r['steps_a'], r['steps_b'], 1) * 100:.2f}% "
@@ -149,13 +187,7 @@ def format_report(r: dict[str, Any]) -> str:
         lines.append(f"first divergent step: {r['first_divergent_step']}")
         for d in r["divergence"]:
             lines.append(f"  {d['request_id']}: " + "; ".join(d["differences"] or ["rows differ"]))
-    lines.append(f"{'metric':<24} {'A':>13} {'B':>13} {'rel.err':>9}")
-    for name, m in r["metrics"].items():
-        label, scale, unit = metric_label(name)
-        fa = "n/a" if m["a"] is None else f"{m['a'] * scale:.2f} {unit}"
-        fb = "n/a" if m["b"] is None else f"{m['b'] * scale:.2f} {unit}"
-        err = "n/a" if m["rel_error"] is None else f"{m['rel_error'] * 100:+.2f}%"
-        lines.append(f"{label:<24} {fa:>13} {fb:>13} {err:>9}")
+    lines.extend(_metric_lines(r))
     mape = r["step_time_mape"]
     lines.append(f"step time MAPE: {'n/a' if mape is None else f'{mape * 100:.2f}%'} over {r['steps_aligned']} "
                  "steps aligned by index")

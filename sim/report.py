@@ -184,6 +184,28 @@ def token_stats(trace: Any) -> TokenStats:
     return tokens if tokens is not None else TokenStats.from_token_times(*token_times(trace.decisions, trace.steps))
 
 
+# request_metrics' names -> traces.summary's: latency is what the summary calls e2e.
+REQUEST_METRICS = {"ttft": "ttft", "tpot": "tpot", "latency": "e2e"}
+
+
+def request_metrics(trace: Any, percentiles: tuple[int, ...] = (50, 90, 99)) -> dict[str, float]:
+    """TTFT, TPOT and latency in seconds over the finished requests, mean and percentiles (`ttft_mean`,
+    `ttft_p50`, ..., `latency_p99`), with the definitions LLMServingSim and vLLM's benchmarks use, which are
+    traces.summary's: TTFT = first_token - arrival, TPOT = (finish - first_token) / (output tokens - 1)
+    over requests with more than one output token, latency = finish - arrival. `trace` is any loaded trace
+    (requests alone will do) or a trace directory, of which only the requests are read."""
+    if isinstance(trace, (str, Path)):
+        import traces
+
+        trace = traces.load(trace, columns=SUMMARY_READ, tables=("requests",))
+    s = summarize(trace.requests, None, percentiles)
+    out = {}
+    for name, key in REQUEST_METRICS.items():
+        out[f"{name}_mean"] = s[f"{key}_mean_s"]
+        out.update({f"{name}_p{q}": s[f"{key}_p{q}_s"] for q in percentiles})
+    return out
+
+
 def sim_summary(trace: Any, slos: list[SLO] | None = None,
                 percentiles: tuple[int, ...] = (50, 90, 99)) -> dict[str, Any]:
     """traces.summary.summarize plus ITL, total token throughput, KV usage and goodput under `slos`;

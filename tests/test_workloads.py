@@ -303,3 +303,72 @@ def test_bench_memory_workload_is_200k_poisson_requests():
     w = load_workload(Path(__file__).parents[1] / "bench" / "workloads" / "poisson_200k.yaml")
     assert w.count() == 200_000 and w.to_dict()["arrival"]["process"] == "poisson"
     assert all(16 <= r.max_tokens <= 128 for r in w.requests(limit=50))
+
+
+# LLMServingSim's workload rows, shaped as in its sharegpt-*.jsonl files (ids cut short, one shared prefix).
+_SHARED = list(range(5971, 6003))  # 32 ids: two full blocks of 16
+LLMSERVINGSIM_ROWS = [
+    {"input_toks": 36, "output_toks": 5, "arrival_time_ns": 46926808, "input_tok_ids": _SHARED + [220, 1032, 97, 5],
+     "output_tok_ids": [1, 2, 3, 4, 5]},
+    {"input_toks": 3, "output_toks": 7, "arrival_time_ns": 347938951, "input_tok_ids": [128000, 13191, 499]},
+    {"input_toks": 35, "output_toks": 4, "arrival_time_ns": 479613520, "input_tok_ids": _SHARED + [88, 77, 66]},
+]
+
+
+def _llmservingsim(tmp_path: Path, rows: list[dict] = LLMSERVINGSIM_ROWS, **extra) -> Path:
+    (tmp_path / "lss.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "lss.yaml").write_text(json.dumps({"arrival": {"process": "trace", "format": "llmservingsim",
+                                                               "path": "lss.jsonl"}, **extra}))
+    return tmp_path / "lss.yaml"
+
+
+def test_llmservingsim_trace_keeps_the_real_prompt_ids_arrivals_and_output_lengths(tmp_path):
+    reqs = list(load_workload(_llmservingsim(tmp_path)).requests(vocab_size=4096))
+    assert [r.prompt_token_ids for r in reqs] == [r["input_tok_ids"] for r in LLMSERVINGSIM_ROWS]
+    assert [r.arrival for r in reqs] == pytest.approx([0.046926808, 0.347938951, 0.479613520])
+    assert [r.max_tokens for r in reqs] == [5, 7, 4]
+
+
+def test_llmservingsim_length_scale_cuts_prompts_and_keeps_their_shared_start(tmp_path):
+    reqs = list(load_workload(_llmservingsim(tmp_path, length_scale=0.5)).requests())
+    assert [len(r.prompt_token_ids) for r in reqs] == [18, 2, 18]
+    assert reqs[0].prompt_token_ids == reqs[2].prompt_token_ids == _SHARED[:18]
+
+
+def test_llmservingsim_input_toks_other_than_the_ids_names_its_line(tmp_path):
+    rows = [LLMSERVINGSIM_ROWS[0], {**LLMSERVINGSIM_ROWS[1], "input_toks": 4}]
+    w = load_workload(_llmservingsim(tmp_path, rows))
+    with pytest.raises(WorkloadError, match=r"lss\.jsonl: line 2: input_toks 4 is not the length of input_tok_ids"):
+        list(w.requests())
+
+
+def test_llmservingsim_token_id_that_is_not_an_integer_names_its_line(tmp_path):
+    rows = [{**LLMSERVINGSIM_ROWS[0], "input_toks": 2, "input_tok_ids": [5, "x"]}]
+    with pytest.raises(WorkloadError, match=r"lss\.jsonl: line 1: input_tok_ids\[1\] 'x' is not a token id"):
+        load_workload(_llmservingsim(tmp_path, rows))
+
+
+def test_llmservingsim_trace_takes_no_prefix_groups(tmp_path):
+    with pytest.raises(WorkloadError, match="prefix: not allowed with llmservingsim"):
+        load_workload(_llmservingsim(tmp_path, prefix={"groups": 1, "tokens": 8, "fraction": 0.5}))
+
+
+def test_llmservingsim_equal_prompt_prefixes_hit_the_prefix_cache_in_a_replay(tmp_path):
+    import traces
+    from sim.cli import main
+
+    assert main(["replay", str(_llmservingsim(tmp_path)), "--model", "llama-3.1-8b", "--hardware", "h100",
+                 "--block-size", "16", "--enable-prefix-caching", "--no-progress", "--json",
+                 "--trace", str(tmp_path / "t")]) == 0
+    cached = traces.load(tmp_path / "t").requests.set_index("request_id")["num_cached_tokens"]
+    assert cached.to_dict() == {"w0": 0, "w1": 0, "w2": 32}
+
+
+def test_json_trace_line_past_the_length_cap_names_its_line_without_reading_it_whole(tmp_path, monkeypatch):
+    import workloads.importers as importers
+
+    monkeypatch.setattr(importers, "MAX_LINE_CHARS", 200)
+    rows = [LLMSERVINGSIM_ROWS[1], {**LLMSERVINGSIM_ROWS[1], "input_toks": 100, "input_tok_ids": [7] * 100}]
+    w = load_workload(_llmservingsim(tmp_path, rows))
+    with pytest.raises(WorkloadError, match=r"lss\.jsonl: line 2: longer than"):
+        list(w.requests())

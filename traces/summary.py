@@ -87,8 +87,11 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame | None = None,
         "prefix_hit_rate": float(done["num_cached_tokens"].sum()) / prompt_tokens if prompt_tokens else 0.0,
     }
     for name in ("ttft", "tpot", "e2e"):
+        values = lat[name].to_numpy(dtype=float)
+        values = values[~np.isnan(values)]
+        s[f"{name}_mean_s"] = float(values.mean()) if values.size else math.nan
         for q in percentiles:
-            s[f"{name}_p{q}_s"] = _pct(lat[name], q)
+            s[f"{name}_p{q}_s"] = _pct(values, q)
     if steps is not None and len(steps):
         s["steps"] = int(len(steps))
         s["kv_usage_mean"] = float((steps["kv_blocks_used"] / steps["kv_blocks_total"]).mean())

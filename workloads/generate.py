@@ -27,7 +27,8 @@ TOKEN_RUN = 1 << 18  # ids drawn per numpy call: amortises the call, bounds memo
 _ARRIVAL, _PROMPT, _OUTPUT, _PREFIX, _TOKENS, _GROUP, _BLOCK = range(1, 8)
 
 Sampler = Callable[[np.random.Generator, int], np.ndarray]
-Chunk = tuple[np.ndarray, np.ndarray, np.ndarray, list[list[int]] | None]  # arrivals, prompt/output lengths, hash ids
+# arrivals, prompt/output lengths, hash ids, the trace's own prompt token ids
+Chunk = tuple[np.ndarray, np.ndarray, np.ndarray, list[list[int]] | None, list[list[int]] | None]
 
 
 @dataclass(slots=True)
@@ -103,7 +104,7 @@ def _synthetic_chunks(spec: WorkloadSpec) -> Iterator[Chunk]:
         if isinstance(arrival, OnOffArrival):
             cycles = np.floor(t / arrival.on)
             t = cycles * (arrival.on + arrival.off) + (t - cycles * arrival.on)
-        yield t, prompt(rng_p, CHUNK), output(rng_o, CHUNK), None
+        yield t, prompt(rng_p, CHUNK), output(rng_o, CHUNK), None, None
 
 
 def _trace_chunks(arrival: TraceArrival, path: Path) -> Iterator[Chunk]:
@@ -112,7 +113,9 @@ def _trace_chunks(arrival: TraceArrival, path: Path) -> Iterator[Chunk]:
         t = np.array([r.arrival for r in batch]) * arrival.time_scale
         prompt = np.array([r.prompt_tokens for r in batch], dtype=np.int64)
         output = np.array([r.output_tokens for r in batch], dtype=np.int64)
-        yield t, prompt, output, [r.hash_ids or [] for r in batch] if arrival.format == "mooncake" else None
+        hashes = [r.hash_ids or [] for r in batch] if arrival.format == "mooncake" else None
+        ids = [r.prompt_token_ids for r in batch] if batch[0].prompt_token_ids is not None else None
+        yield t, prompt, output, hashes, ids
 
 
 class BlockTable:
@@ -170,7 +173,7 @@ def stream_requests(spec: WorkloadSpec, trace_path: Path | None, vocab_size: int
     prefix_len = max(1, round(prefix.tokens * scale)) if prefix else 0
     prefix_rng, prefixes = _rng(seed, _PREFIX), {}
     index = 0
-    for chunk_no, (arrivals, prompt_len, output_len, hashes) in enumerate(chunks):
+    for chunk_no, (arrivals, prompt_len, output_len, hashes, given) in enumerate(chunks):
         if cap is not None and index >= cap:
             return
         n = len(arrivals)
@@ -185,7 +188,10 @@ def stream_requests(spec: WorkloadSpec, trace_path: Path | None, vocab_size: int
             head = np.minimum(prompt_len, [len(h) * blocks.block_tokens for h in hashes])
         else:
             head = np.zeros(n, dtype=np.int64)
-        tails = _token_lists(_rng(seed, _TOKENS, chunk_no), (prompt_len - head).tolist(), vocab_size)
+        if given is not None:  # the trace's real prompts, cut to a scaled length: shared prefixes stay shared
+            tails = iter([p[:k] for p, k in zip(given, prompt_len.tolist())])
+        else:
+            tails = _token_lists(_rng(seed, _TOKENS, chunk_no), (prompt_len - head).tolist(), vocab_size)
         for j, (t, out, g, h) in enumerate(zip(arrivals.tolist(), output_len.tolist(), group.tolist(), head.tolist())):
             if (cap is not None and index >= cap) or (spec.duration is not None and t > spec.duration):
                 return

@@ -12,16 +12,20 @@ from typing import Any
 from workloads.errors import WorkloadError
 
 MOONCAKE_BLOCK_TOKENS = 512
+# A JSON line of a trace that carries prompt token ids runs to a few MB; past this it is not a trace row.
+MAX_LINE_CHARS = 64 << 20
 
 
 @dataclass(slots=True)
 class TraceRow:
-    """One request of a trace: arrival in seconds since the trace's start, lengths in tokens."""
+    """One request of a trace: arrival in seconds since the trace's start, lengths in tokens; a trace that
+    carries the real prompt also gives its token ids (`prompt_token_ids`, then `prompt_tokens` is their count)."""
 
     arrival: float
     prompt_tokens: int
     output_tokens: int
     hash_ids: list[int] | None = None
+    prompt_token_ids: list[int] | None = None
 
 
 def _length(value: Any, path: Path, line: int, column: str) -> int:
@@ -64,9 +68,16 @@ def _csv_rows(path: Path, columns: tuple[str, ...]) -> Iterator[tuple[int, list[
             yield reader.line_num, [row[i].strip() for i in index]
 
 
-def _json_rows(path: Path) -> Iterator[tuple[int, dict]]:
+def json_lines(path: Path) -> Iterator[tuple[int, dict]]:
+    """(line number, object) for each non-blank line of a JSON-lines file, each line read up to
+    MAX_LINE_CHARS: a file that is not JSON lines (one huge line) fails on that line, not on memory."""
     with open(path, encoding="utf-8") as f:
-        for line_no, line in enumerate(f, start=1):
+        line_no = 0
+        while line := f.readline(MAX_LINE_CHARS + 1):
+            line_no += 1
+            if len(line) > MAX_LINE_CHARS and not line.endswith("\n"):
+                raise WorkloadError(path, f"line {line_no}", f"longer than {MAX_LINE_CHARS >> 20} MiB "
+                                    "(not a JSON-lines trace?)")
             if not line.strip():
                 continue
             try:
@@ -100,7 +111,7 @@ def _azure(path: Path) -> Iterator[tuple[int, TraceRow]]:
 def _mooncake(path: Path) -> Iterator[tuple[int, TraceRow]]:
     """Mooncake FAST'25 JSONL: `timestamp` in ms (made relative, in seconds), lengths and 512-token `hash_ids`."""
     start: float | None = None
-    for line, row in _json_rows(path):
+    for line, row in json_lines(path):
         stamp = _seconds(_field(row, "timestamp", path, line), path, line, "timestamp")
         start = stamp if start is None else start
         hash_ids = row.get("hash_ids", [])
@@ -121,14 +132,37 @@ def _plain_csv(path: Path) -> Iterator[tuple[int, TraceRow]]:
 
 def _plain_jsonl(path: Path) -> Iterator[tuple[int, TraceRow]]:
     """JSON lines with `arrival` (seconds since start), `prompt_tokens`, `output_tokens`."""
-    for line, row in _json_rows(path):
+    for line, row in json_lines(path):
         arrival, prompt, output = (_field(row, k, path, line) for k in ("arrival", "prompt_tokens", "output_tokens"))
         yield line, TraceRow(_seconds(arrival, path, line, "arrival"), _length(prompt, path, line, "prompt_tokens"),
                              _length(output, path, line, "output_tokens"))
 
 
+def _token_ids(value: Any, path: Path, line: int, column: str) -> list[int]:
+    """A non-empty list of token ids (integers >= 0), kept as given."""
+    if not isinstance(value, list) or not value:
+        raise WorkloadError(path, f"line {line}", f"{column} must be a non-empty list of token ids")
+    for i, t in enumerate(value):
+        if not isinstance(t, int) or isinstance(t, bool) or t < 0:
+            raise WorkloadError(path, f"line {line}", f"{column}[{i}] {t!r} is not a token id (an integer >= 0)")
+    return value
+
+
+def _llmservingsim(path: Path) -> Iterator[tuple[int, TraceRow]]:
+    """LLMServingSim's workload JSONL (what its vLLM runs served): `arrival_time_ns` since the start, the real
+    prompt as `input_tok_ids` (its length must be `input_toks`) and `output_toks`."""
+    for line, row in json_lines(path):
+        arrival = _seconds(_field(row, "arrival_time_ns", path, line), path, line, "arrival_time_ns") / 1e9
+        ids = _token_ids(_field(row, "input_tok_ids", path, line), path, line, "input_tok_ids")
+        if "input_toks" in row and row["input_toks"] != len(ids):
+            raise WorkloadError(path, f"line {line}", f"input_toks {row['input_toks']!r} is not the length of "
+                                f"input_tok_ids ({len(ids)})")
+        output = _length(_field(row, "output_toks", path, line), path, line, "output_toks")
+        yield line, TraceRow(arrival, len(ids), output, prompt_token_ids=ids)
+
+
 _READERS: dict[str, Callable[[Path], Iterator[tuple[int, TraceRow]]]] = {
-    "azure": _azure, "mooncake": _mooncake, "csv": _plain_csv, "jsonl": _plain_jsonl,
+    "azure": _azure, "mooncake": _mooncake, "csv": _plain_csv, "jsonl": _plain_jsonl, "llmservingsim": _llmservingsim,
 }
 
 

@@ -8,7 +8,7 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationInfo,
 PositiveFloat = Annotated[float, Field(gt=0)]
 Count = Annotated[int, Field(ge=1)]
 MAX_ZIPF_SUPPORT = 10_000_000
-TRACE_FORMATS = ("azure", "mooncake", "csv", "jsonl")
+TRACE_FORMATS = ("azure", "mooncake", "csv", "jsonl", "llmservingsim")
 
 
 class _Strict(BaseModel):
@@ -59,7 +59,7 @@ class TraceArrival(_Strict):
 
     process: Literal["trace"]
     path: str = Field(min_length=1)
-    format: Literal["azure", "mooncake", "csv", "jsonl"]
+    format: Literal["azure", "mooncake", "csv", "jsonl", "llmservingsim"]
     time_scale: PositiveFloat = 1.0
 
 

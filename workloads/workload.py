@@ -106,6 +106,9 @@ def _check(spec: WorkloadSpec, source: str | Path, base_dir: Path) -> Path | Non
             raise WorkloadError(source, key, "not allowed with arrival.process trace (the trace gives the lengths)")
     if spec.prefix is not None and arrival.format == "mooncake":
         raise WorkloadError(source, "prefix", "not allowed with mooncake traces (their hash_ids say what is shared)")
+    if spec.prefix is not None and arrival.format == "llmservingsim":
+        raise WorkloadError(source, "prefix", "not allowed with llmservingsim traces (their prompts are the real "
+                            "token ids, shared prefixes included)")
     trace = Path(arrival.path).expanduser()
     trace = trace if trace.is_absolute() else base_dir / trace
     if not trace.is_file():
