@@ -122,6 +122,8 @@ class EngineArgs:
     scheduler_reserve_full_isl: bool = same_option(SchedulerConfig, "scheduler_reserve_full_isl")
     attention_backend: str = option("auto", "attention kernels", choices=ATTENTION_BACKENDS)
     enforce_eager: bool = option(False, "no CUDA graphs")
+    tensor_parallel_size: int = option(1, "GPUs one model is sharded over (the engine runs on one; `sim replay` "
+                                       "prices more)")
     num_threads: int | None = option(None, "torch CPU threads (default: all cores but one)")
     trace: str | None = option(None, "write a trace directory here")
     otlp_traces_endpoint: str | None = option(None, "also send spans to this OTLP/HTTP URL")
@@ -141,6 +143,9 @@ class EngineArgs:
     def create_engine_config(self) -> EngineConfig:
         for fl in flags_of(EngineArgs):
             check_choice(getattr(self, fl.dest), fl)
+        if self.tensor_parallel_size != 1:
+            raise ValueError(f"tensor_parallel_size: the engine runs on one device, got {self.tensor_parallel_size} "
+                             "(sim replay --tensor-parallel-size prices sharded runs)")
         device = resolve_device(self.device)
         model_config = self._model_config(device)
         sched_kw = self._config_kwargs(SchedulerConfig)

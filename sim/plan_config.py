@@ -40,6 +40,11 @@ class PlanConfig:
     enable_prefix_caching: bool | None = None
     gpu_memory_utilization: float | None = None
     num_gpu_blocks: int | None = None
+    tensor_parallel_size: int = 1
+
+    @property
+    def num_gpus(self) -> int:
+        return self.replicas * self.tensor_parallel_size
 
     def _set(self, owner: type) -> dict[str, Any]:
         names = {fl.field for fl in sim_flags("plan") if fl.owner == owner.__name__}
@@ -53,7 +58,12 @@ class PlanConfig:
         return CacheConfig(**self._set(CacheConfig), num_gpu_blocks=self.num_gpu_blocks or num_gpu_blocks)
 
     def to_dict(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        """Every field; `tensor_parallel_size` only when above 1, so results files written before it
+        existed still key their configurations the same."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        if out["tensor_parallel_size"] == 1:
+            del out["tensor_parallel_size"]
+        return out
 
     @property
     def key(self) -> str:

@@ -137,7 +137,8 @@ def build_cluster_parts(config: PlanConfig) -> tuple[Any, Any, Any]:
     """(SchedulerConfig, CacheConfig, cost model) of a configuration; KV blocks from the roofline model."""
     from sim.cost_models.roofline import RooflineCostModel
 
-    cost = RooflineCostModel.from_args(model=config.model, hardware=config.hardware)
+    cost = RooflineCostModel.from_args(model=config.model, hardware=config.hardware,
+                                       tp=config.tensor_parallel_size, async_scheduling=False)
     sched = config.scheduler_config()
     cache = config.cache_config(num_gpu_blocks=2)
     if config.num_gpu_blocks is None:

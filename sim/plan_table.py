@@ -15,18 +15,19 @@ RANKING = {True: "ranked by $ per million output tokens at each configuration's 
 def rank(results: list[tuple[PlanConfig, dict[str, Any]]],
          prices: dict[str, float]) -> list[dict[str, Any]]:
     """Rows sorted cheapest first (unpriced after priced, then by rate per replica); cost per million
-    output tokens = price/GPU-h x replicas / (rate x mean output tokens x 3600 s) x 1e6."""
+    output tokens = price/GPU-h x GPUs (replicas x tensor parallel size) / (rate x mean output tokens x 3600 s)
+    x 1e6."""
     rows = []
     for config, res in results:
         rate = res["max_rate"]
         tok_s = rate * res.get("mean_output_tokens", 0.0)
         price = prices.get(str(config.hardware).lower())
-        cost = price * config.replicas / (tok_s * 3600) * 1e6 if price is not None and tok_s > 0 else None
+        cost = price * config.num_gpus / (tok_s * 3600) * 1e6 if price is not None and tok_s > 0 else None
         rows.append({"config": config, "max_rate": rate, "capped": res.get("capped", False),
                      "goodput_req_s": rate * res.get("attainment", 0.0), "output_tok_s": tok_s,
                      "output_tok_s_per_replica": tok_s / config.replicas,
                      "user_tok_s": res.get("user_tok_s"), "usd_per_hour": None if price is None
-                     else price * config.replicas, "usd_per_m_output_tokens": cost, "note": res.get("note"),
+                     else price * config.num_gpus, "usd_per_m_output_tokens": cost, "note": res.get("note"),
                      "rejected": res.get("rejected") or {}, "max_rate_interval": res.get("max_rate_interval"),
                      "same_as": None, "_fingerprint": _fingerprint(res)})
     rows.sort(key=lambda r: (r["usd_per_m_output_tokens"] is None, r["usd_per_m_output_tokens"] or 0.0,
