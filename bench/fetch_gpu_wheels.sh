@@ -9,7 +9,7 @@ pkgs=(
   opentelemetry-api==1.45.2 opentelemetry-sdk==1.45.2 opentelemetry-proto==1.45.2
   opentelemetry-semantic-conventions==0.66b2 opentelemetry-exporter-otlp-proto-common==1.45.2
   opentelemetry-exporter-otlp-proto-http==1.45.2 googleapis-common-protos importlib-metadata
-  pydantic==2.13.4 pydantic-core==2.46.4 annotated-types typing-inspection
+  pydantic==2.13.4 pydantic-core==2.46.4 annotated-types typing-inspection orjson==3.13.0 msgspec==0.23.0
 )
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   "${plat[@]}" -d .whl "${pkgs[@]}"

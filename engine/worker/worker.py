@@ -23,7 +23,7 @@ class Worker:
 
     def init_device(self) -> None:
         if self.device.type == "cuda":
-            torch.cuda.set_device(self.device)
+            torch.cuda.set_device(self.device.index or 0)  # torch 2.11 refuses a bare "cuda"
             torch.cuda.empty_cache()
         else:
             threads = self.config.device_config.num_threads or default_num_threads()
