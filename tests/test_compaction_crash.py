@@ -62,7 +62,8 @@ def test_sigkill_during_compaction_leaves_every_written_row_loadable(tmp_path):
     _killed_during_compaction(killed)
     names = {p.name for p in killed.iterdir()}
     # The simulator streams Arrow record batches (requests.arrows); JSON-lines writers leave requests.jsonl.
-    assert "steps.parquet" in names and "requests.arrows" in names and "requests.parquet" not in names
+    # Two tables compact at a time, so another table may be whole, half-written or not yet begun.
+    assert "requests.arrows" in names and "requests.parquet" not in names
     assert any(n.startswith("requests.parquet.") and n.endswith(".tmp") for n in names)  # the half-written one
     assert main([*ARGS, "--trace", str(clean)]) == 0
     a, b = traces.load(clean), traces.load(killed)
