@@ -248,7 +248,8 @@ def _simulated_model(name: str, source: Any, model: Any, hardware: str,
         device = cost.get("device") or {}
         return {**fitted, "source": "sim"}, device.get("name") or device.get("type")
     if isinstance(model, str):
-        return {"model": model, "source": "sim"}, hardware
+        named = (cost.get("model") or {}).get("name") if Path(model).exists() else None
+        return {"model": named or model, "source": "sim", **({"config": model} if named else {})}, hardware
     return {"model": source.model.get("model") or "hf_config", "source": "sim", "hf_config": model}, hardware
 
 
