@@ -14,6 +14,8 @@ deterministic, so one replay per case is the figure; a replay's wall time is pri
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import re
 import sys
@@ -60,7 +62,9 @@ def phases(trace_dir: Path) -> dict[str, float]:
 
 
 def run_sim(argv: list[str]) -> None:
-    code = sim_main(argv)
+    """One `sim` command; what it prints is left out (its figures are recomputed here), its errors are not."""
+    with contextlib.redirect_stdout(io.StringIO()):
+        code = sim_main(argv)
     if code != 0:
         raise SystemExit(f"gpu_fidelity: `sim {' '.join(argv)}` exited {code}")
 
@@ -98,7 +102,7 @@ def main() -> int:
             t0 = time.perf_counter()
             try:
                 run_sim(["replay", str(imported), "--cost-model", cost, "--model", str(config), *hardware,
-                         "--trace", str(out), "--json", "--no-progress"])
+                         "--trace", str(out), "--no-progress"])
             except SystemExit as e:
                 print(f"{name}: not run ({e})")
                 continue
