@@ -76,7 +76,7 @@ Recorder = Callable[[Path, Path], list[str]]
 def engine_recorder(workload: Path, trace: Path) -> list[str]:
     """The stepscope CPU engine on the built-in model."""
     return [sys.executable, "-m", "engine.cli", "run", "--workload", str(workload), "--trace", str(trace),
-            "--no-progress"]
+            "--no-progress", "--overwrite"]
 
 
 def vllm_recorder(workload: Path, trace: Path) -> list[str]:
@@ -116,7 +116,8 @@ def predict(out: Path, profile: Path, samples: int, name: str = "predicted") -> 
     from traces.summary import summarize
 
     rep = json.loads(run(["sim.cli", "replay", str(out / "heldout"), "--cost-model", str(profile),
-                          "--samples", str(samples), "--json", "--no-progress", "--trace", str(out / name)],
+                          "--samples", str(samples), "--json", "--no-progress", "--trace", str(out / name),
+                          "--overwrite"],
                          out / f"{name}_warnings.txt"))
     heldout = traces.load(out / "heldout")
     measured = summarize(heldout.requests)

@@ -66,6 +66,7 @@ class ObservabilityConfig:
 
     trace_dir: str | None = None
     otlp_traces_endpoint: str | None = None
+    overwrite_trace: bool = False
 
     @property
     def enabled(self) -> bool:
@@ -126,6 +127,7 @@ class EngineArgs:
                                        "prices more)")
     num_threads: int | None = option(None, "torch CPU threads (default: all cores but one)")
     trace: str | None = option(None, "write a trace directory here")
+    overwrite: bool = option(False, "replace a trace already in --trace (without it such a directory is refused)")
     otlp_traces_endpoint: str | None = option(None, "also send spans to this OTLP/HTTP URL")
 
     @classmethod
@@ -160,7 +162,8 @@ class EngineArgs:
                                                        attention_backend=self.attention_backend,
                                                        enforce_eager=self.enforce_eager),
                             observability_config=ObservabilityConfig(trace_dir=self.trace,
-                                                                     otlp_traces_endpoint=self.otlp_traces_endpoint))
+                                                                     otlp_traces_endpoint=self.otlp_traces_endpoint,
+                                                                     overwrite_trace=self.overwrite))
 
     def _model_config(self, device: str) -> ModelConfig:
         from transformers import AutoConfig

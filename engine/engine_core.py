@@ -119,7 +119,8 @@ class EngineCore:
                     num_blocks * per_block / 2**30, how, max_len, report.max_concurrency)
         return report
 
-    def enable_tracing(self, trace_dir: str | None, meta: dict, otlp_endpoint: str | None = None) -> None:
+    def enable_tracing(self, trace_dir: str | None, meta: dict, otlp_endpoint: str | None = None,
+                       overwrite: bool = False) -> None:
         """Write this run's trace directory and spans from now on (start-up spans included)."""
         from engine.tracing import EngineTrace
 
@@ -129,7 +130,7 @@ class EngineCore:
         meta = {"source": "engine", "config": self.config.to_dict(), "kv_cache": dataclasses.asdict(self.kv_report),
                 "step_overlap": overlap, **meta}
         self.trace = EngineTrace(trace_dir, meta, self.scheduler, self.t0, self.config.model_config.model,
-                                 otlp_endpoint)
+                                 otlp_endpoint, overwrite)
         self.trace.spans.prepare_model(self.startup_phases)
         self.cycle.recorder = self.trace
         self.executor.collective_rpc("set_sync_timing", True)
@@ -198,7 +199,8 @@ class InprocClient:
         obs = config.observability_config
         if obs.enabled:
             device = self.engine_core.executor.collective_rpc("describe_device")[0]
-            self.engine_core.enable_tracing(obs.trace_dir, {"device": device}, obs.otlp_traces_endpoint)
+            self.engine_core.enable_tracing(obs.trace_dir, {"device": device}, obs.otlp_traces_endpoint,
+                                            obs.overwrite_trace)
 
     def record_rejection(self, request_id: str, prompt_token_ids: list[int], arrival_time: float,
                          reason: str) -> None:

@@ -195,7 +195,7 @@ class EngineTrace:
     """Everything a traced engine run writes: the trace directory tables and the spans."""
 
     def __init__(self, trace_dir: str | Path | None, meta: dict[str, Any], scheduler, t0: float,
-                 model_name: str, otlp_endpoint: str | None = None) -> None:
+                 model_name: str, otlp_endpoint: str | None = None, overwrite: bool = False) -> None:
         from traces.recorder import TraceRecorder
         from traces.schema import SPANS_FILE
         from traces.writer import TraceWriter
@@ -204,14 +204,12 @@ class EngineTrace:
         self.recorder = None
         self._live: dict[str, Request] = {}
         spans_path = None
-        if trace_dir is not None:
-            Path(trace_dir).mkdir(parents=True, exist_ok=True)
+        if trace_dir is not None:  # the writer claims the directory first: an existing trace is never touched
+            self.writer = TraceWriter(trace_dir, meta, overwrite=overwrite)
             spans_path = Path(trace_dir) / SPANS_FILE
-            spans_path.unlink(missing_ok=True)
         self.spans = EngineSpans(make_tracer_provider(spans_path, otlp_endpoint), model_name)
-        if trace_dir is not None:
-            meta = {**meta, "clock_origin_unix_ns": self.spans.to_ns(t0)}
-            self.writer = TraceWriter(trace_dir, meta)
+        if self.writer is not None:
+            self.writer.update_meta(clock_origin_unix_ns=self.spans.to_ns(t0))
             self.recorder = TraceRecorder(self.writer, scheduler, t0)
 
     def on_add(self, request: Request) -> None:

@@ -29,6 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("source", metavar="FILE.yaml|TRACE_DIR")
     r.add_argument("--trace", default=None, metavar="DIR",
                    help="write the trace here (default: runs/<source>-sim-<date-time>/)")
+    r.add_argument("--overwrite", action="store_true", help="replace a trace already in --trace DIR")
     r.add_argument("--cost-model", default=None, help="recorded | calibrated | roofline | aiconfigurator | "
                    "PROFILE.json | BUNDLE_DIR (kernels measured on the GPU) (default: recorded for an engine trace, "
                    "roofline for a workload or an imported run)")
@@ -123,10 +124,12 @@ def _check_flags(args: argparse.Namespace) -> None:
             raise ValueError(f"{flag}: must be >= {low}, got {value}")
     if not Path(args.source).exists():
         raise ValueError(f"{args.source}: no such workload file or trace directory")
+    if args.trace is not None and Path(args.trace).resolve() == Path(args.source).resolve():
+        raise ValueError(f"--trace {args.trace}: is the replay's own source; name another directory")
 
 
 def _simulate(args: argparse.Namespace, trace_dir: str, residual_seed: int | None = None,
-              progress: bool = False, announce: bool = False) -> tuple[Any, Any]:
+              progress: bool = False, announce: bool = False, overwrite: bool = False) -> tuple[Any, Any]:
     """One replay of `args.source` into `trace_dir`: (SimResult, cost model); `announce` prints first
     what is simulated."""
     from engine.core.config import SchedulerConfig
@@ -168,7 +171,7 @@ def _simulate(args: argparse.Namespace, trace_dir: str, residual_seed: int | Non
         print(describe_replay(source.path, source.num_requests, meta, {"name": cost_model.name,
                                                                        **cost_model.describe()}, sched, cache))
     sim = Simulator(sched, cache, cost_model, trace_dir, meta, seed=args.seed or 0, vocab_size=args.vocab_size,
-                    follow_recorded=exact)
+                    follow_recorded=exact, overwrite=overwrite)
     sim.recorder.set_trace_level(args.trace_level)
     return sim.run(source.requests, source.external_finishes, source.num_requests, progress=progress), cost_model
 
@@ -193,9 +196,10 @@ def replay(args: argparse.Namespace) -> int:
 
     _check_flags(args)
     slos = parse_slo(args.slo) if args.slo is not None else None
-    trace_dir = args.trace or default_trace_dir(Path(args.source))
+    trace_dir = args.trace if args.trace is not None else default_trace_dir(Path(args.source))
     seed = (args.seed or 0) if args.step_noise else None
-    result, cost_model = _simulate(args, trace_dir, seed, progress=not args.no_progress, announce=not args.json)
+    result, cost_model = _simulate(args, trace_dir, seed, progress=not args.no_progress, announce=not args.json,
+                                   overwrite=args.overwrite)
     trace = load_for_summary(trace_dir)
     summary = sim_summary(trace, slos)
     warn = getattr(cost_model, "range_warning", lambda: None)()

@@ -201,7 +201,7 @@ class Cluster:
     def __init__(self, num_replicas: int, scheduler_config: SchedulerConfig, cache_config: CacheConfig,
                  cost_model: CostModel, router: Router | str = "round_robin", trace_dir: str | Path | None = None,
                  meta: dict[str, Any] | None = None, seed: int = 0, vocab_size: int = 32000,
-                 trace_level: str = "full", decode_runs: bool = True) -> None:
+                 trace_level: str = "full", decode_runs: bool = True, overwrite: bool = False) -> None:
         if num_replicas < 1:
             raise ValueError(f"replicas: must be >= 1, got {num_replicas}")
         self.now = 0.0
@@ -222,7 +222,8 @@ class Cluster:
                                 "kv_blocks_per_replica": cache_config.num_gpu_blocks}}
             full.setdefault("config", {}).update(
                 {"scheduler": scheduler_config.to_dict(), "cache": cache_config.to_dict()})
-            self.writer = TraceWriter(self.trace_dir, full, flush_every=1024, extra_int_columns=(REPLICA_COLUMN,))
+            self.writer = TraceWriter(self.trace_dir, full, flush_every=1024, extra_int_columns=(REPLICA_COLUMN,),
+                                      overwrite=overwrite)
             for r in self.replicas:
                 # Cluster-wide step numbers would make per-replica snapshots land at random steps: keep only step 0's.
                 r.recorder = TraceRecorder(_ReplicaWriter(self.writer, r.index), r.scheduler,

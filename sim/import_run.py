@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 from sim.flags import OneLineParser
-from traces.schema import SPANS_FILE
 from workloads.errors import WorkloadError
 from workloads.importers import json_lines, read_trace
 
@@ -466,15 +465,15 @@ def check_output_dir(out: Path, overwrite: bool) -> None:
         raise ValueError(f"{out}: directory exists and is not empty (pass --overwrite to replace the trace in it)")
 
 
-def write_trace(run: ImportedRun, out: Path) -> int:
+def write_trace(run: ImportedRun, out: Path, overwrite: bool = False) -> int:
     """The requests table through traces' own writer (no steps, decisions or block events: a measured
-    run has none); returns the number of requests written."""
+    run has none), replacing a trace in `out` only with `overwrite`; returns the number of requests written."""
     from traces.writer import TraceWriter
 
     meta = {**run.meta, "workload": {"name": run.workload.stem, "arrival": {"process": "trace",
                                                                            "format": WORKLOAD_FORMAT,
                                                                            "path": str(run.workload)}}}
-    writer = TraceWriter(out, meta, flush_every=WRITE_BATCH, stream_format="arrow")
+    writer = TraceWriter(out, meta, flush_every=WRITE_BATCH, stream_format="arrow", overwrite=overwrite)
     n = 0
     batch: list[dict[str, Any]] = []
     for row in _trace_rows(run):
@@ -523,9 +522,7 @@ def import_run(args: Any) -> int:
     else:
         raise ValueError(f"{src}: no such run directory or bench result file")
     check_against_workload(run)
-    if args.overwrite:
-        (out / SPANS_FILE).unlink(missing_ok=True)  # the writer replaces the tables, not an old run's spans
-    n = write_trace(run, out)
+    n = write_trace(run, out, args.overwrite)
     entry = run.meta["import"]
     print(f"imported {n} requests from {src} (workload {run.workload}) into {out}")
     if entry["inferred"]:

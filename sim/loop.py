@@ -95,7 +95,8 @@ class Simulator:
     def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig, cost_model: CostModel,
                  trace_dir: str | Path, meta: dict[str, Any] | None = None, seed: int = 0,
                  vocab_size: int = 32000, follow_recorded: bool = False, flush_every: int = 1024,
-                 snapshot_every: int | None = None, trace_level: str = "full", decode_runs: bool = True) -> None:
+                 snapshot_every: int | None = None, trace_level: str = "full", decode_runs: bool = True,
+                 overwrite: bool = False) -> None:
         self.now = 0.0
         self.cost_model = cost_model
         self.scheduler = make_scheduler(scheduler_config, cache_config, clock=self.clock)
@@ -106,7 +107,7 @@ class Simulator:
                      "cost_model": {"name": cost_model.name, **cost_model.describe()}, "seed": seed}
         full_meta.setdefault("config", {}).update(
             {"scheduler": scheduler_config.to_dict(), "cache": cache_config.to_dict()})
-        self.writer = TraceWriter(self.trace_dir, full_meta, flush_every)
+        self.writer = TraceWriter(self.trace_dir, full_meta, flush_every, overwrite=overwrite)
         # A snapshot lists every held or cached block, up to the whole pool: space them out in proportion
         # to the pool so they add at most half a row per step (the engine's 1024 is for small pools).
         every = snapshot_every or max(1024, 2 * cache_config.num_gpu_blocks)

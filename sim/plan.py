@@ -44,6 +44,7 @@ def _parser() -> Any:
     p.add_argument("--results", default=None, metavar="FILE", help="JSON lines of finished configurations; resumes")
     p.add_argument("--plots", default=None, metavar="DIR", help="latency-vs-rate and cost-frontier PNGs")
     p.add_argument("--trace", default=None, metavar="DIR", help="cluster trace of the top configuration at its max rate")
+    p.add_argument("--overwrite", action="store_true", help="replace a trace already in --trace DIR")
     p.add_argument("--samples", type=int, default=0, metavar="N", help="with --residuals: rerun each "
                    "configuration's final search N times under seeded draws of measured step-time scatter")
     p.add_argument("--residuals", default=None, metavar="PROFILE.json",
@@ -102,6 +103,14 @@ def plan(args: Any) -> int:
             validate_config(config)
     except ValueError as e:
         raise config_error(e) from None
+    swept_hardware = {str(c.hardware).lower() for c in configs}
+    unpriced = sorted(set(prices) - swept_hardware)
+    if unpriced:
+        raise ValueError(f"--price {unpriced[0]}: not among the hardware planned ({', '.join(sorted(swept_hardware))})")
+    if args.trace:  # refused now, not after the whole sweep
+        from traces.trace_dir import TraceDirLock
+
+        TraceDirLock(args.trace, args.overwrite).release()
     spec = PlanSpec(workload=os.path.abspath(args.workload), slo=args.slo, rate_tol=args.rate_tol,
                     max_requests=args.max_requests, length_scale=args.length_scale, vocab_size=args.vocab_size,
                     seed=args.seed or 0, min_served_ratio=args.min_served_ratio, samples=args.samples,
@@ -146,7 +155,7 @@ def plan(args: Any) -> int:
     if args.trace and rows and rows[0]["max_rate"] > 0:
         from sim.cluster import replica_summary
 
-        table = run_at_rate(spec, rows[0]["config"], rows[0]["max_rate"], args.trace)
+        table = run_at_rate(spec, rows[0]["config"], rows[0]["max_rate"], args.trace, overwrite=args.overwrite)
         if not args.json:
             print(f"trace of #1 at {rows[0]['max_rate']:.3f} req/s: {args.trace}")
             print(replica_summary(table).to_string(index=False))

@@ -198,7 +198,8 @@ def residual_table(profile: str) -> dict[str, Any]:
 
 
 def run_at_rate(spec: PlanSpec, config: PlanConfig, rate: float, trace_dir: str | None = None,
-                watch: Callable[[Any], bool] | None = None, residual_seed: int | None = None) -> Any:
+                watch: Callable[[Any], bool] | None = None, residual_seed: int | None = None,
+                overwrite: bool = False) -> Any:
     """The cluster's requests table with the workload's arrivals scaled to `rate` requests/s (`watch` may
     stop the run early, see `Cluster.run`); with `residual_seed`, step times carry one seeded draw of the
     profile's measured scatter."""
@@ -213,7 +214,7 @@ def run_at_rate(spec: PlanSpec, config: PlanConfig, rate: float, trace_dir: str 
         cost = ResidualScaled(cost, residual_table(spec.residual_profile), residual_seed)
     cluster = Cluster(config.replicas, sched, cache, cost, config.router, trace_dir=trace_dir,
                       meta={"plan": {"config": config.to_dict(), "rate": rate}}, seed=spec.seed,
-                      vocab_size=spec.vocab_size)
+                      vocab_size=spec.vocab_size, overwrite=overwrite)
     stream = (SimRequest(request_id=r.request_id, arrival=r.arrival * scale, prompt_token_ids=r.prompt_token_ids,
                          max_tokens=r.max_tokens, add_time=r.add_time * scale) for r in reqs)
     return cluster.run(stream, watch).requests

@@ -18,6 +18,7 @@ import orjson
 from traces.arrowstream import arrow_stream_file, arrow_stream_to_parquet, to_batch
 from traces.runs import GridSpec, RunSpec, merge_runs
 from traces.schema import FORMAT_VERSION, META_FILE, OPTIONAL_COLUMNS, TABLES, TEMP_SUFFIX, arrow_schema, parquet_file, stream_file
+from traces.trace_dir import TraceDirLock, trace_files
 
 _OPTIONS = orjson.OPT_SERIALIZE_NUMPY  # numpy scalars from cost models and tables are plain numbers here
 STREAM_FORMATS = ("jsonl", "arrow")
@@ -47,15 +48,18 @@ class TraceWriter:
     lines for one that flushes every step (a record batch per step would be mostly framing)."""
 
     def __init__(self, path: str | Path, meta: dict[str, Any], flush_every: int = 1,
-                 extra_int_columns: tuple[str, ...] = (), stream_format: str | None = None) -> None:
+                 extra_int_columns: tuple[str, ...] = (), stream_format: str | None = None,
+                 overwrite: bool = False) -> None:
+        """Claims `path` (see traces.trace_dir): a directory holding a trace is refused unless `overwrite`,
+        and one another writer holds is refused always."""
         self.stream_format = stream_format or ("arrow" if flush_every > 1 else "jsonl")
         if self.stream_format not in STREAM_FORMATS:
             raise ValueError(f"stream_format: must be one of {', '.join(STREAM_FORMATS)}, got {stream_format!r}")
-        self.path = Path(path)
-        self.path.mkdir(parents=True, exist_ok=True)
+        self.lock = TraceDirLock(path, overwrite)
+        self.path = self.lock.path
+        for old in trace_files(self.path):
+            old.unlink()
         for table in TABLES:
-            for name in (stream_file(table), arrow_stream_file(table), parquet_file(table)):
-                (self.path / name).unlink(missing_ok=True)
             for stale in self.path.glob(f"{parquet_file(table)}.*{TEMP_SUFFIX}"):
                 stale.unlink(missing_ok=True)
         self.meta = {"format_version": FORMAT_VERSION, **meta, "versions": package_versions(),
@@ -175,6 +179,7 @@ class TraceWriter:
             else:
                 self._compact()
         self.update_meta(complete=True, ended_at=time.time(), **final_meta)
+        self.lock.release()
 
     def _compact_arrow(self) -> None:
         """Arrow streams -> Parquet: a copy of the batches, nothing to parse. Two tables at a time, the

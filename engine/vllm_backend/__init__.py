@@ -6,3 +6,5 @@ Importing this package does not import vLLM; `scheduler.py` does.
 
 # The trace directory for the recording scheduler, read in the process where vLLM builds it.
 TRACE_DIR_ENV = "STEPSCOPE_TRACE_DIR"
+# Set to 1 to let the recorder replace a trace already in that directory (it refuses one otherwise).
+TRACE_OVERWRITE_ENV = "STEPSCOPE_TRACE_OVERWRITE"

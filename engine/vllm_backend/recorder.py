@@ -37,7 +37,7 @@ class VllmStepRecorder:
     """One per vLLM scheduler; `t0` is time zero of the trace on `time.monotonic()`."""
 
     def __init__(self, scheduler: Any, trace_dir: str, meta: dict[str, Any], t0: float | None = None,
-                 flush_interval: float = FLUSH_INTERVAL_S) -> None:
+                 flush_interval: float = FLUSH_INTERVAL_S, overwrite: bool = False) -> None:
         self.scheduler = scheduler
         self.kv = KVView(scheduler.kv_cache_manager)
         self.t0 = time.monotonic() if t0 is None else t0
@@ -45,7 +45,7 @@ class VllmStepRecorder:
         self.wall_minus_mono = time.time() - time.monotonic()
         meta = {**meta, "clock_origin_unix_ns": int((self.t0 + self.wall_minus_mono) * 1e9)}
         # The writer and the recorder never write on their own: `flush` decides when.
-        self.writer = TraceWriter(trace_dir, meta, flush_every=_NEVER, stream_format="arrow")
+        self.writer = TraceWriter(trace_dir, meta, flush_every=_NEVER, stream_format="arrow", overwrite=overwrite)
         self.counts = StepCounts(self.kv)
         self.recorder = TraceRecorder(self.writer, self.counts, self.t0, snapshot_every=_NEVER)
         self.requests: dict[str, RecordedRequest] = {}

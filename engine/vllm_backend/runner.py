@@ -14,7 +14,7 @@ from argparse import Namespace
 from pathlib import Path
 from typing import Any
 
-from engine.vllm_backend import TRACE_DIR_ENV
+from engine.vllm_backend import TRACE_DIR_ENV, TRACE_OVERWRITE_ENV
 
 # vLLM's CPU attention takes blocks in multiples of 32 tokens.
 CPU_BLOCK_SIZE = 32
@@ -83,12 +83,18 @@ def vllm_engine_kwargs(args: Namespace, model_dir: str) -> dict[str, Any]:
     return {k: v for k, v in kw.items() if v is not None}
 
 
-def build_vllm_engine(engine_kwargs: dict[str, Any], trace_dir: str | Path) -> VllmEngineAdapter:
+def build_vllm_engine(engine_kwargs: dict[str, Any], trace_dir: str | Path,
+                      overwrite: bool = False) -> VllmEngineAdapter:
     """An in-process vLLM engine (vLLM EngineArgs as `engine_kwargs`) whose scheduler records into
-    `trace_dir`; request ids are kept as given, so the trace names the workload's requests."""
+    `trace_dir` (replacing a trace there only with `overwrite`); request ids are kept as given, so the
+    trace names the workload's requests."""
+    from traces.trace_dir import TraceDirLock
+
+    TraceDirLock(trace_dir, overwrite).release()  # refuse before vLLM starts, not from inside its scheduler
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ["VLLM_DISABLE_REQUEST_ID_RANDOMIZATION"] = "1"
     os.environ[TRACE_DIR_ENV] = str(trace_dir)
+    os.environ[TRACE_OVERWRITE_ENV] = "1" if overwrite else "0"
     try:
         from vllm import EngineArgs, LLMEngine
     except ImportError as e:
@@ -96,7 +102,7 @@ def build_vllm_engine(engine_kwargs: dict[str, Any], trace_dir: str | Path) -> V
     try:
         engine = LLMEngine.from_engine_args(EngineArgs(**engine_kwargs))
     finally:
-        del os.environ[TRACE_DIR_ENV]
+        del os.environ[TRACE_DIR_ENV], os.environ[TRACE_OVERWRITE_ENV]
     return VllmEngineAdapter(engine, engine.model_config.hf_config.vocab_size)
 
 
@@ -124,7 +130,7 @@ def main_run_vllm(args: Namespace, workload: Any) -> int:
         raise ValueError(f"--model: {model_dir}: --backend vllm needs a local checkpoint directory")
     tmp = None if args.trace else tempfile.TemporaryDirectory(prefix="stepscope-vllm-")
     trace_dir = args.trace or tmp.name
-    engine = build_vllm_engine(vllm_engine_kwargs(args, model_dir), trace_dir)
+    engine = build_vllm_engine(vllm_engine_kwargs(args, model_dir), trace_dir, args.overwrite)
     if args.workload is None and _vllm_on_cpu():
         from engine.run import CPU_SCALE
 

@@ -17,7 +17,7 @@ from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import RequestStatus
 
-from engine.vllm_backend import TRACE_DIR_ENV
+from engine.vllm_backend import TRACE_DIR_ENV, TRACE_OVERWRITE_ENV
 from engine.vllm_backend.meta import trace_meta
 from engine.vllm_backend.recorder import VllmStepRecorder
 
@@ -30,7 +30,8 @@ class _Recording:
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         trace_dir = os.environ.get(TRACE_DIR_ENV)
-        self.stepscope = VllmStepRecorder(self, trace_dir, trace_meta(self)) if trace_dir else None
+        overwrite = os.environ.get(TRACE_OVERWRITE_ENV) == "1"
+        self.stepscope = VllmStepRecorder(self, trace_dir, trace_meta(self), overwrite=overwrite) if trace_dir else None
         if self.stepscope is not None:
             self._close_at_engine_shutdown()
 
