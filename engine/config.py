@@ -34,6 +34,7 @@ class ModelConfig:
     seed: int
     max_model_len: int
     skip_tokenizer_init: bool = False
+    trust_remote_code: bool = False
 
     @property
     def architecture(self) -> str:
@@ -101,6 +102,8 @@ class EngineArgs:
 
     model: str | None = option(None, "local HF checkpoint dir or preset; default: built-in model")
     tokenizer: str | None = option(None, "tokenizer dir (default: the model's)")
+    trust_remote_code: bool = option(False, "run a checkpoint's own Python code (its config's auto_map); without "
+                                     "it such a checkpoint is refused, and nothing is ever asked on stdin")
     skip_tokenizer_init: bool = option(False, "load no tokenizer: prompts must be token ids, outputs carry no text")
     load_format: str = option("auto", "how to load the weights", choices=LOAD_FORMATS)
     dtype: str = option("auto", "weight and activation dtype (auto: float32 on cpu, else bfloat16)", choices=DTYPES)
@@ -185,7 +188,14 @@ class EngineArgs:
                 raise ValueError(f"model: {name!r} is neither a directory with config.json nor a preset "
                                  f"({', '.join(sorted(PRESETS))})")
             source, model_dir, tok_dir, load_format = "checkpoint", path, path, "safetensors"
-            hf_config = AutoConfig.from_pretrained(path, local_files_only=True)
+            try:
+                hf_config = AutoConfig.from_pretrained(path, local_files_only=True,
+                                                       trust_remote_code=self.trust_remote_code)
+            except ValueError as e:
+                if "trust_remote_code" not in str(e):
+                    raise
+                raise ValueError(f"model: {path}/config.json asks to run the checkpoint's own code (auto_map); "
+                                 "pass --trust-remote-code to allow it") from None
         if self.load_format != "auto":
             if self.load_format == "safetensors" and model_dir is None:
                 raise ValueError(f"load_format: 'safetensors' needs a checkpoint directory, {name!r} has none")
@@ -209,7 +219,8 @@ class EngineArgs:
                              f"'{{\"max_position_embeddings\": {max_model_len}}}'")
         return ModelConfig(model=name, source=source, hf_config=hf_config, model_dir=model_dir,
                            tokenizer_dir=tok_dir, load_format=load_format, dtype=dtype, seed=self.seed,
-                           max_model_len=max_model_len, skip_tokenizer_init=self.skip_tokenizer_init)
+                           max_model_len=max_model_len, skip_tokenizer_init=self.skip_tokenizer_init,
+                           trust_remote_code=self.trust_remote_code)
 
 
 def parse_hf_overrides(value: dict | str | None) -> dict:

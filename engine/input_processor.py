@@ -56,7 +56,10 @@ class InputProcessor:
             if self.tokenizer is None:
                 raise ValueError(f"prompt: text needs a tokenizer and {self.why_no_tokenizer}; "
                                  f"pass {{'prompt_token_ids': [...]}}")
-            return prompt, self.tokenizer.encode(prompt, add_special_tokens=False)
+            try:
+                return prompt, self.tokenizer.encode(prompt, add_special_tokens=False)
+            except (TypeError, ValueError) as e:  # e.g. a lone surrogate, which no UTF-8 tokenizer takes
+                raise ValueError(f"prompt: the tokenizer cannot encode it ({' '.join(str(e).split())})") from None
         if isinstance(prompt, dict) and "prompt_token_ids" in prompt:
             ids = prompt["prompt_token_ids"]
             if hasattr(ids, "tolist") and getattr(ids, "ndim", None) == 1:  # a numpy array

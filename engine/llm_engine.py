@@ -20,7 +20,8 @@ class LLMEngine:
         self.config = config
         tok_dir = config.model_config.tokenizer_dir
         try:
-            self.tokenizer = get_tokenizer(tok_dir) if tok_dir is not None else None
+            self.tokenizer = (get_tokenizer(tok_dir, config.model_config.trust_remote_code)
+                              if tok_dir is not None else None)
         except ValueError as e:
             raise ValueError(f"tokenizer: {e}; pass tokenizer=PATH (--tokenizer), or skip_tokenizer_init=True "
                              f"(--skip-tokenizer-init) to serve token-id prompts only") from None
@@ -28,6 +29,7 @@ class LLMEngine:
         self.output_processor = OutputProcessor(self.tokenizer)
         self.engine_core = InprocClient(config)
         self._rejected: list[RequestOutput] = []
+        self.is_shut_down = False
 
     @classmethod
     def from_engine_args(cls, args: EngineArgs) -> LLMEngine:
@@ -37,6 +39,8 @@ class LLMEngine:
                     arrival_time: float | None = None, priority: int = 0) -> bool:
         """Queue a request; an invalid one becomes a finished error output (returned by the next
         `step`) so it fails alone."""
+        if self.is_shut_down:
+            raise RuntimeError("LLMEngine: shut down (its trace is finished); build a new LLM to generate again")
         try:
             request, text = self.input_processor.process_inputs(request_id, prompt, params, arrival_time, priority)
         except ValueError as e:
@@ -67,7 +71,9 @@ class LLMEngine:
         return bool(self._rejected) or self.output_processor.has_unfinished_requests()
 
     def shutdown(self, **final_meta) -> None:
-        """Close the trace (compacting it) and flush spans; safe to call twice."""
+        """Close the trace (compacting it) and flush spans; safe to call twice. The engine takes no
+        request after it: a closed trace would silently miss them."""
+        self.is_shut_down = True
         self.engine_core.shutdown(**final_meta)
 
     def abort_request(self, request_ids: list[str]) -> None:

@@ -70,6 +70,16 @@ def test_checkpoint_missing_a_weight_is_reported(tiny_llama, tmp_path):
         load_model(hf.config, tmp_path, "safetensors", torch.float32, DEVICE)
 
 
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_a_checkpoint_with_non_finite_weights_is_refused_naming_the_tensor(tiny_llama, tmp_path, bad):
+    hf, single = tiny_llama
+    tensors = load_file(single / "model.safetensors")
+    tensors["model.layers.0.mlp.up_proj.weight"][0, 0] = bad
+    save_file(tensors, tmp_path / "model.safetensors")
+    with pytest.raises(ValueError, match="up_proj.weight holds NaN or infinite"):
+        load_model(hf.config, tmp_path, "safetensors", torch.float32, DEVICE)
+
+
 def test_dummy_weights_are_deterministic_per_seed():
     config = tiny_llama_config()
     a = state(load_model(config, None, "dummy", torch.float32, DEVICE, seed=0))

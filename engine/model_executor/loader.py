@@ -136,11 +136,15 @@ def _check_inside(root: Path, path: Path, what: str) -> None:
 
 
 def iter_safetensors(files: Iterable[Path]) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, tensor) pairs one at a time, so only one tensor is held on the host at once."""
+    """(name, tensor) pairs one at a time, so only one tensor is held on the host at once. A tensor
+    holding NaN or infinity is refused here: such weights would generate empty text that looks finished."""
     for path in files:
         with safe_open(str(path), framework="pt", device="cpu") as f:
             for name in f.keys():
-                yield name, f.get_tensor(name)
+                tensor = f.get_tensor(name)
+                if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+                    raise ValueError(f"{path}: weight {name} holds NaN or infinite values")
+                yield name, tensor
 
 
 @torch.no_grad()
