@@ -16,7 +16,7 @@ from typing import Any
 
 from engine.core.config import CacheConfig, SchedulerConfig
 from engine.core.flags import add_flags, check_choice, flags_of, option, same_option
-from engine.core.model_shapes import BUILTIN, get_model_config
+from engine.core.model_shapes import BUILTIN, check_model_config, get_model_config, read_config_json
 DEFAULT_CPU_KV_CACHE_MEMORY = 512 << 20
 
 
@@ -169,8 +169,6 @@ class EngineArgs:
                                                                      overwrite_trace=self.overwrite))
 
     def _model_config(self, device: str) -> ModelConfig:
-        from transformers import AutoConfig
-
         from engine.builtin import BUILTIN_DIR
         from engine.model_executor.presets import PRESETS, get_preset, hf_config_from_dict
 
@@ -188,14 +186,7 @@ class EngineArgs:
                 raise ValueError(f"model: {name!r} is neither a directory with config.json nor a preset "
                                  f"({', '.join(sorted(PRESETS))})")
             source, model_dir, tok_dir, load_format = "checkpoint", path, path, "safetensors"
-            try:
-                hf_config = AutoConfig.from_pretrained(path, local_files_only=True,
-                                                       trust_remote_code=self.trust_remote_code)
-            except ValueError as e:
-                if "trust_remote_code" not in str(e):
-                    raise
-                raise ValueError(f"model: {path}/config.json asks to run the checkpoint's own code (auto_map); "
-                                 "pass --trust-remote-code to allow it") from None
+            hf_config = _load_hf_config(path, self.trust_remote_code)
         if self.load_format != "auto":
             if self.load_format == "safetensors" and model_dir is None:
                 raise ValueError(f"load_format: 'safetensors' needs a checkpoint directory, {name!r} has none")
@@ -206,6 +197,7 @@ class EngineArgs:
             tok_dir = None
         dtype = resolve_dtype(self.dtype, device)
         overrides = parse_hf_overrides(self.hf_overrides)
+        check_model_config({**hf_config.to_dict(), **overrides}, name)  # before transformers' own typed setters
         if overrides:
             hf_config.update(overrides)
         limit = getattr(hf_config, "max_position_embeddings", None) or 4096
@@ -221,6 +213,23 @@ class EngineArgs:
                            tokenizer_dir=tok_dir, load_format=load_format, dtype=dtype, seed=self.seed,
                            max_model_len=max_model_len, skip_tokenizer_init=self.skip_tokenizer_init,
                            trust_remote_code=self.trust_remote_code)
+
+
+def _load_hf_config(path: Path, trust_remote_code: bool) -> Any:
+    """transformers' config of a checkpoint, its fields checked first (transformers' typed configs raise
+    errors of their own, not ValueErrors); every problem is one ValueError naming the file."""
+    from transformers import AutoConfig
+
+    check_model_config(read_config_json(path / "config.json"), str(path / "config.json"))
+    try:
+        return AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=trust_remote_code)
+    except ValueError as e:
+        if "trust_remote_code" in str(e):
+            raise ValueError(f"model: {path}/config.json asks to run the checkpoint's own code (auto_map); "
+                             "pass --trust-remote-code to allow it") from None
+        raise ValueError(f"model: {path}/config.json: {' '.join(str(e).split())}") from None
+    except (OSError, TypeError) as e:
+        raise ValueError(f"model: {path}/config.json: {' '.join(str(e).split())}") from None
 
 
 def parse_hf_overrides(value: dict | str | None) -> dict:

@@ -15,8 +15,11 @@ def get_tokenizer(path: str | Path, trust_remote_code: bool = False) -> PreTrain
     path = Path(path)
     if not path.is_dir() or not any((path / f).is_file() for f in _TOKENIZER_FILES):
         raise ValueError(f"no tokenizer files ({', '.join(_TOKENIZER_FILES)}) in directory {path}")
-    tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True, use_fast=True,
-                                              trust_remote_code=trust_remote_code)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True, use_fast=True,
+                                                  trust_remote_code=trust_remote_code)
+    except Exception as e:  # the Rust tokenizer raises plain Exceptions for a file it cannot parse
+        raise ValueError(f"{path}: its tokenizer cannot be loaded ({' '.join(str(e).split())})") from None
     if not tokenizer.is_fast:
         raise ValueError(f"tokenizer in {path} is not a fast (Rust) tokenizer")
     return tokenizer

@@ -28,14 +28,23 @@ class TraceRow:
     prompt_token_ids: list[int] | None = None
 
 
+# Past any model's context (10M tokens at most today) and any trace's span (a few years): refused per row.
+MAX_TOKENS = 1 << 24
+MAX_SECONDS = 1e8
+
+
 def _length(value: Any, path: Path, line: int, column: str) -> int:
-    """A token count; 0 is raised to 1 (real traces have a few), anything else non-integral is an error."""
+    """A token count; 0 is raised to 1 (real traces have a few), anything else non-integral is an error, and so
+    is a count past any model's context: it would be allocated token by token before anything could refuse it."""
     try:
         number = float(value)
     except (TypeError, ValueError):
         raise WorkloadError(path, f"line {line}", f"{column} {value!r} is not a number") from None
     if not number.is_integer() or number < 0:
         raise WorkloadError(path, f"line {line}", f"{column} {value!r} is not a token count (an integer >= 0)")
+    if number > MAX_TOKENS:
+        raise WorkloadError(path, f"line {line}", f"{column} {value!r} is more than any model's context "
+                            f"(at most {MAX_TOKENS})")
     return max(1, int(number))
 
 
@@ -48,6 +57,8 @@ def _seconds(value: Any, path: Path, line: int, column: str) -> float:
         raise WorkloadError(path, f"line {line}", f"{column} {value!r} is not a number") from None
     if number != number or number in (float("inf"), float("-inf")):
         raise WorkloadError(path, f"line {line}", f"{column} {value!r} is not a finite number")
+    if abs(number) > MAX_SECONDS * (1e9 if column.endswith("_ns") else 1):
+        raise WorkloadError(path, f"line {line}", f"{column} {value!r} is more than {MAX_SECONDS:g} s into the trace")
     return number
 
 

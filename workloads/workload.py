@@ -131,11 +131,19 @@ def _build(data: Any, source: str | Path, base_dir: Path, path: Path | None) -> 
     return Workload(spec, path, _check(spec, source, base_dir))
 
 
+MAX_WORKLOAD_BYTES = 4 << 20
+
+
 def load_workload(path: str | Path) -> Workload:
     """Read and validate a workload YAML file; every problem becomes a one-line WorkloadError."""
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        with path.open("rb") as f:  # bounded: a workload file is small, whatever the path points at
+            raw = f.read(MAX_WORKLOAD_BYTES + 1)
+        if len(raw) > MAX_WORKLOAD_BYTES:
+            raise WorkloadError(path, "file", f"larger than {MAX_WORKLOAD_BYTES >> 20} MiB, not a workload file "
+                                "(long request lists belong in a trace file it names)")
+        data = yaml.safe_load(raw.decode("utf-8"))
     except FileNotFoundError:
         raise WorkloadError(path, "file", "no such file") from None
     except UnicodeDecodeError:

@@ -6,6 +6,8 @@ Legacy `rope_theta`/`rope_scaling` keys are used because transformers 4.x and 5.
 from __future__ import annotations
 
 import copy
+import json
+from pathlib import Path
 from typing import Any
 
 BUILTIN = "builtin"
@@ -111,3 +113,50 @@ def get_model_config(name: str) -> dict[str, Any]:
     if name not in MODEL_CONFIGS:
         raise ValueError(f"unknown model preset {name!r}; valid: {', '.join(sorted(PRESET_NAMES))}")
     return copy.deepcopy(MODEL_CONFIGS[name])
+
+
+DENSE_TYPES = ("llama", "qwen2", "qwen3", "mistral")
+_POSITIVE = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
+_OPTIONAL_POSITIVE = ("num_key_value_heads", "head_dim", "intermediate_size", "max_position_embeddings")
+
+
+def check_model_config(cfg: dict[str, Any], name: str) -> None:
+    """The shape fields the engine and the cost models rely on, checked once for both: a dense
+    Llama/Qwen2/Qwen3 (or Mistral) model type, positive integer sizes, KV heads that divide the heads.
+    Raises ValueError naming the config and the field."""
+    kind = str(cfg.get("model_type") or "")
+    if kind not in DENSE_TYPES or cfg.get("num_experts") or cfg.get("num_local_experts"):
+        raise ValueError(f"model config {name!r}: model_type {kind or 'missing'!r} is not supported; dense "
+                         f"{', '.join(DENSE_TYPES)} shapes are")
+    missing = [k for k in _POSITIVE if k not in cfg]
+    if missing:
+        raise ValueError(f"model config {name!r}: missing {', '.join(missing)}")
+    for key in (*_POSITIVE, *(k for k in _OPTIONAL_POSITIVE if cfg.get(k) is not None)):
+        value = cfg[key]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"model config {name!r}: {key} must be a positive integer, got {value!r}")
+    h, nh = cfg["hidden_size"], cfg["num_attention_heads"]
+    nkv = cfg.get("num_key_value_heads") or nh
+    if nh % nkv:
+        raise ValueError(f"model config {name!r}: num_attention_heads {nh} is not a multiple of "
+                         f"num_key_value_heads {nkv}")
+    if not cfg.get("head_dim") and h % nh:
+        raise ValueError(f"model config {name!r}: hidden_size {h} does not split into {nh} heads (give head_dim)")
+
+
+MAX_CONFIG_BYTES = 1 << 20
+
+
+def read_config_json(path: Path) -> dict[str, Any]:
+    """A config.json read with a size cap; one-line ValueError naming the file otherwise."""
+    try:
+        if path.stat().st_size > MAX_CONFIG_BYTES:
+            raise ValueError(f"{path}: larger than {MAX_CONFIG_BYTES >> 20} MiB, not a model config")
+        cfg = json.loads(path.read_bytes())
+    except OSError as e:
+        raise ValueError(f"{path}: cannot read ({e.strerror})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(cfg, dict):
+        raise ValueError(f"{path}: a model config must be a JSON object")
+    return cfg

@@ -67,6 +67,10 @@ class SamplingParams:
         def bad(name: str, why: str) -> ValueError:
             return ValueError(f"SamplingParams.{name}: {why}, got {getattr(self, name)!r}")
 
+        for name in ("temperature", "top_p", "min_p"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise bad(name, "must be a number")
         if self.n != 1:
             raise bad("n", "only n=1 is supported")
         if not self.temperature >= 0.0:

@@ -9,7 +9,7 @@ from typing import Any
 from collections.abc import Iterable, Iterator
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from torch import nn
 
 from engine.model_executor.models.llama import head_dim_of
@@ -139,9 +139,16 @@ def iter_safetensors(files: Iterable[Path]) -> Iterator[tuple[str, torch.Tensor]
     """(name, tensor) pairs one at a time, so only one tensor is held on the host at once. A tensor
     holding NaN or infinity is refused here: such weights would generate empty text that looks finished."""
     for path in files:
-        with safe_open(str(path), framework="pt", device="cpu") as f:
+        try:
+            f = safe_open(str(path), framework="pt", device="cpu")
+        except SafetensorError as e:
+            raise ValueError(f"{path}: not a readable safetensors file ({e})") from None
+        with f:
             for name in f.keys():
-                tensor = f.get_tensor(name)
+                try:
+                    tensor = f.get_tensor(name)
+                except SafetensorError as e:
+                    raise ValueError(f"{path}: weight {name} cannot be read ({e}); the file may be cut short") from None
                 if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
                     raise ValueError(f"{path}: weight {name} holds NaN or infinite values")
                 yield name, tensor

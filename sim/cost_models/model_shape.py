@@ -6,19 +6,14 @@ one line rather than priced as if it were one.
 """
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from engine.core.model_shapes import MODEL_CONFIGS
+from engine.core.model_shapes import MODEL_CONFIGS, check_model_config, read_config_json
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float8": 1}
-DENSE_TYPES = ("llama", "qwen2", "qwen3", "mistral")
-MAX_CONFIG_BYTES = 1 << 20
-_POSITIVE = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
-_OPTIONAL_POSITIVE = ("num_key_value_heads", "head_dim", "intermediate_size", "max_position_embeddings")
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,26 +42,12 @@ class ModelShape:
         cfg = cfg.get("text_config") or cfg
         if not isinstance(cfg, dict):
             raise ValueError(f"model config {name!r}: text_config must be an object")
-        kind = str(cfg.get("model_type") or "")
-        if kind not in DENSE_TYPES or cfg.get("num_experts") or cfg.get("num_local_experts"):
-            raise ValueError(f"model config {name!r}: model_type {kind or 'missing'!r} is not priced; the cost models "
-                             f"know dense {', '.join(DENSE_TYPES)} shapes")
+        check_model_config(cfg, name)
         if dtype not in DTYPE_BYTES:
             raise ValueError(f"dtype: must be one of {', '.join(DTYPE_BYTES)}, got {dtype!r}")
-        missing = [k for k in _POSITIVE if k not in cfg]
-        if missing:
-            raise ValueError(f"model config {name!r}: missing {', '.join(missing)}")
-        for key in (*_POSITIVE, *(k for k in _OPTIONAL_POSITIVE if cfg.get(k) is not None)):
-            value = cfg[key]
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"model config {name!r}: {key} must be a positive integer, got {value!r}")
+        kind = cfg["model_type"]
         h, nh = cfg["hidden_size"], cfg["num_attention_heads"]
         nkv = cfg.get("num_key_value_heads") or nh
-        if nh % nkv:
-            raise ValueError(f"model config {name!r}: num_attention_heads {nh} is not a multiple of "
-                             f"num_key_value_heads {nkv}")
-        if not cfg.get("head_dim") and h % nh:
-            raise ValueError(f"model config {name!r}: hidden_size {h} does not split into {nh} heads (give head_dim)")
         return cls(name=name, dtype=dtype, hidden=h, num_layers=cfg["num_hidden_layers"], num_heads=nh,
                    num_kv_heads=nkv, head_dim=cfg.get("head_dim") or h // nh,
                    intermediate=cfg.get("intermediate_size") or 4 * h, vocab=cfg["vocab_size"],
@@ -144,21 +125,6 @@ def rank_shape(shape: ModelShape, tp: int) -> ModelShape:
     return replace(shape, name=f"{shape.name} (1/{tp})", num_heads=shape.num_heads // tp,
                    num_kv_heads=max(1, kv // tp), intermediate=shape.intermediate // tp,
                    vocab=math.ceil(shape.vocab / tp))
-
-
-def read_config_json(path: Path) -> dict[str, Any]:
-    """A config.json read with a size cap; one-line ValueError naming the file otherwise."""
-    try:
-        if path.stat().st_size > MAX_CONFIG_BYTES:
-            raise ValueError(f"{path}: larger than {MAX_CONFIG_BYTES >> 20} MiB, not a model config")
-        cfg = json.loads(path.read_bytes())
-    except OSError as e:
-        raise ValueError(f"{path}: cannot read ({e.strerror})") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path}: not valid JSON ({e})") from None
-    if not isinstance(cfg, dict):
-        raise ValueError(f"{path}: a model config must be a JSON object")
-    return cfg
 
 
 def model_shape(model: str | dict[str, Any] | Path, dtype: str = "bfloat16") -> ModelShape:

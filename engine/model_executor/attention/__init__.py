@@ -37,10 +37,11 @@ class AttentionBackend(Protocol):
     ) -> torch.Tensor: ...
 
 
-class AttentionBackendUnavailableError(NotImplementedError):
+class AttentionBackendUnavailableError(NotImplementedError, ValueError):
     """A known backend that cannot run here (missing package, wrong device, unmet constraint).
 
-    It subclasses NotImplementedError, what asking for a not-yet-built backend raised before.
+    It subclasses NotImplementedError, what asking for a not-yet-built backend raised before, and
+    ValueError, so the command line ends with its one line like any other bad flag.
     """
 
 
