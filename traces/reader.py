@@ -80,6 +80,9 @@ def read_meta(root: Path) -> dict[str, Any]:
         raise TraceError(f"{meta_path}: not valid JSON ({e.msg} at line {e.lineno})") from None
     if not isinstance(meta, dict):
         raise TraceError(f"{meta_path}: not a JSON object (a JSON {type(meta).__name__})")
+    for key in ("config", "workload"):
+        if key in meta and meta[key] is not None and not isinstance(meta[key], dict):
+            raise TraceError(f"{meta_path}: {key} must be a JSON object, got a JSON {type(meta[key]).__name__}")
     version = meta.get("format_version")
     if version != FORMAT_VERSION:
         raise TraceError(f"{meta_path}: format_version is {version!r}, this stepscope reads {FORMAT_VERSION}")
@@ -169,12 +172,46 @@ def load(path: str | Path, arrow_lists: bool = False, columns: Mapping[str, Sequ
             _release_arrow_memory()
         if table == "steps" and not meta.get("complete") and wanted.intersection(STEP_ROW_TABLES):
             last_step = _last_step(root, out["steps"] if table in wanted else None)
+    _drop_bad_rows(root, out, notes)
     for note in notes:
         warnings.warn(note, TraceWarning, stacklevel=2)
     if truncated:
         warnings.warn(f"{root}: trace ends mid-write ({', '.join(truncated)}); read up to the last complete step",
                       TruncatedTraceWarning, stacklevel=2)
     return Trace(root, meta, out)
+
+
+# What readers rely on: one row per key, and finite times where a row says something happened.
+_KEYS = {"steps": "step", "requests": "request_id"}
+_FINITE = {"steps": ("start", "end"), "requests": ("arrival",)}
+
+
+def _drop_bad_rows(root: Path, out: dict[str, pd.DataFrame], notes: list[str]) -> None:
+    """Drop rows that repeat a step or request id (keeping the first) and rows whose times are not finite,
+    saying how many: a table with every row twice read as twice the steps and halved the TPOT, and NaN
+    times flowed into percentiles and fits. Steps come back in step order."""
+    import numpy as np
+
+    for table, key in _KEYS.items():
+        df = out[table]
+        if not len(df) or key not in df.columns:
+            continue
+        bad = df[key].duplicated().to_numpy(copy=True)
+        if bad.any():
+            notes.append(f"{root}: {table}: dropped {int(bad.sum())} row(s) repeating a {key}")
+        for col in _FINITE[table]:
+            if col in df.columns:
+                values = pd.to_numeric(df[col], errors="coerce").to_numpy(dtype=float, na_value=np.nan)
+                nonfinite = ~np.isfinite(values) & ~bad
+                if nonfinite.any():
+                    notes.append(f"{root}: {table}: dropped {int(nonfinite.sum())} row(s) whose {col} is not finite")
+                    bad |= nonfinite
+        if bad.any():
+            df = df[~bad]
+        if table == "steps" and not df[key].is_monotonic_increasing:
+            df = df.sort_values(key, kind="stable")
+        if df is not out[table]:
+            out[table] = df.reset_index(drop=True)
 
 
 def _last_step(root: Path, steps: pd.DataFrame | None) -> int:
