@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from engine.core.bounded_read import read_bounded
 from sim.flags import OneLineParser
 from workloads.errors import WorkloadError
 from workloads.importers import json_lines, read_trace
@@ -132,12 +133,9 @@ class ImportedRun:
 def _read_bytes(path: Path, limit: int, what: str) -> bytes:
     """A whole small file, refused past `limit` bytes (a run's meta or result is never that large)."""
     try:
-        size = path.stat().st_size
-    except FileNotFoundError:
-        raise WorkloadError(path, "file", f"no such file ({what})") from None
-    if size > limit:
-        raise WorkloadError(path, "file", f"{size:,} bytes, more than the {limit:,} a {what} may have")
-    return path.read_bytes()
+        return read_bounded(path, limit, what)
+    except ValueError as e:
+        raise WorkloadError(path, "file", str(e).removeprefix(f"{path}: ")) from None
 
 
 def _json_file(path: Path, limit: int, what: str) -> Any:

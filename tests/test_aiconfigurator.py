@@ -7,6 +7,7 @@ from functools import cache
 import pandas as pd
 import pytest
 
+from sim.cost_models import aic_extract
 from sim.cost_models import aiconfigurator as aic
 from sim.cost_models.kernels import AttentionShape
 from sim.cost_models.model_shape import model_shape
@@ -98,7 +99,7 @@ def test_all_reduce_at_a_measured_size_is_the_cuda_graph_time():
 
 
 def test_extract_has_rows_for_each_gpu_and_kernel_kind():
-    rows = aic.load_extract()
+    rows = aic_extract.load_extract()
     assert {(r["gpu"], r["kernel"]) for r in rows} >= {(g, k) for g in GPUS for k in KINDS}
     assert all(r["time_us"] > 0 and r["table"].endswith(".parquet") for r in rows)
 
@@ -106,7 +107,7 @@ def test_extract_has_rows_for_each_gpu_and_kernel_kind():
 def allreduce_times(gpu: str, tp: int) -> dict[str, list[tuple[int, float]]]:
     """{vLLM version: [(message bytes, us)] sorted by size} of the all-reduce extract."""
     out: dict[str, list[tuple[int, float]]] = {}
-    for r in aic.load_extract(aic.ALLREDUCE_FILE):
+    for r in aic_extract.load_extract(aic_extract.ALLREDUCE_FILE):
         if r["gpu"] == gpu and r["tp"] == tp:
             out.setdefault(r["vllm_version"], []).append((r["message_bytes"], r["time_us"]))
     return {v: sorted(points) for v, points in out.items()}

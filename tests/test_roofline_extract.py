@@ -6,7 +6,7 @@ import statistics
 
 import pytest
 
-from sim.cost_models.aiconfigurator import EXTRACT_FILE
+from sim.cost_models.aic_extract import EXTRACT_FILE
 from sim.cost_models.hardware import get_hardware
 from sim.cost_models.kernels import AttentionShape
 from sim.cost_models.model_shape import model_shape

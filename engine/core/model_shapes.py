@@ -6,9 +6,10 @@ Legacy `rope_theta`/`rope_scaling` keys are used because transformers 4.x and 5.
 from __future__ import annotations
 
 import copy
-import json
 from pathlib import Path
 from typing import Any
+
+from engine.core.bounded_read import read_mapping
 
 BUILTIN = "builtin"
 
@@ -149,14 +150,4 @@ MAX_CONFIG_BYTES = 1 << 20
 
 def read_config_json(path: Path) -> dict[str, Any]:
     """A config.json read with a size cap; one-line ValueError naming the file otherwise."""
-    try:
-        if path.stat().st_size > MAX_CONFIG_BYTES:
-            raise ValueError(f"{path}: larger than {MAX_CONFIG_BYTES >> 20} MiB, not a model config")
-        cfg = json.loads(path.read_bytes())
-    except OSError as e:
-        raise ValueError(f"{path}: cannot read ({e.strerror})") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path}: not valid JSON ({e})") from None
-    if not isinstance(cfg, dict):
-        raise ValueError(f"{path}: a model config must be a JSON object")
-    return cfg
+    return read_mapping(path, MAX_CONFIG_BYTES, "model config")

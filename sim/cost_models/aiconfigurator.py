@@ -19,7 +19,6 @@ is a bisect and a power: a simulation prices millions of steps.
 """
 from __future__ import annotations
 
-import csv
 import importlib.metadata
 import importlib.util
 import math
@@ -53,12 +52,6 @@ MS = 1e-3  # every table's latency column is in milliseconds (CUDA event time)
 FLOOR_MAX_NK = 128  # the GEMMs whose time is all launch and tail
 STREAM_MIN_BYTES = 256 << 20  # weights too large to stay in L2: the GEMM streams them from memory
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4}
-EXTRACT_DIR = Path(__file__).with_name("data") / "aic_extract"
-EXTRACT_FILE = EXTRACT_DIR / "kernels.csv"
-EXTRACT_COLUMNS = ("gpu", "kernel", "op", "m", "n", "k", "batch", "kv", "heads", "kv_heads", "head_dim", "time_us",
-                   "kind", "class", "queries", "flops", "bytes", "kernel_source", "table")
-ALLREDUCE_FILE = EXTRACT_DIR / "allreduce.csv"
-ALLREDUCE_COLUMNS = ("gpu", "vllm_version", "tp", "message_bytes", "time_us", "table")
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,7 +134,7 @@ def package_root() -> Path:
     return Path(next(iter(spec.submodule_search_locations)))
 
 
-def _version_key(version: str) -> tuple[int, ...]:
+def version_key(version: str) -> tuple[int, ...]:
     return tuple(int(p) if p.isdigit() else -1 for p in re.split(r"[.\-+]", version))
 
 
@@ -151,7 +144,7 @@ def table_file(root: Path, system: str, kind: str) -> tuple[str, Path] | None:
     base = root / "systems" / "data" / system / family / "vllm"
     if not base.is_dir():
         return None
-    for version in sorted((p.name for p in base.iterdir() if p.is_dir()), key=_version_key, reverse=True):
+    for version in sorted((p.name for p in base.iterdir() if p.is_dir()), key=version_key, reverse=True):
         for ext in (".parquet", ".csv", ".txt"):
             path = base / version / (stem + ext)
             if path.is_file():
@@ -174,7 +167,7 @@ def read_table(path: str) -> pd.DataFrame:
     return pd.read_parquet(path) if path.endswith(".parquet") else pd.read_csv(path, skipinitialspace=True)
 
 
-def _bf16_gemm(path: str) -> pd.DataFrame:
+def bf16_gemm(path: str) -> pd.DataFrame:
     df = read_table(path)
     df = df[df["latency"] > 0]
     df = df[df["gemm_dtype"].isin(("bfloat16", "float16"))] if "gemm_dtype" in df else df
@@ -186,7 +179,7 @@ def _bf16_gemm(path: str) -> pd.DataFrame:
 @lru_cache(maxsize=16)
 def _gemm_grid(path: str) -> tuple[dict[tuple[int, int], tuple[list[float], list[float]]], list[int], list[int]]:
     """{(n, k): (m, seconds)} of the bf16 GEMMs, with the sorted n and k grids."""
-    mean = _bf16_gemm(path).groupby(["n", "k", "m"])["latency"].mean()  # sorted by n, k, then m
+    mean = bf16_gemm(path).groupby(["n", "k", "m"])["latency"].mean()  # sorted by n, k, then m
     n, k, m = (mean.index.get_level_values(i).to_numpy() for i in range(3))
     t = mean.to_numpy() * MS
     starts = [0, *(i for i in range(1, len(n)) if n[i] != n[i - 1] or k[i] != k[i - 1]), len(n)]
@@ -194,7 +187,7 @@ def _gemm_grid(path: str) -> tuple[dict[tuple[int, int], tuple[list[float], list
     return table, sorted({n for n, _ in table}), sorted({k for _, k in table})
 
 
-def _attention_rows(path: str) -> pd.DataFrame:
+def attention_rows(path: str) -> pd.DataFrame:
     """bf16 attention with a bf16 KV cache, no sliding window, no beam search."""
     df = read_table(path)
     df = df[df["latency"] > 0]
@@ -206,7 +199,7 @@ def _attention_rows(path: str) -> pd.DataFrame:
     return df[keep] if keep is not True else df
 
 
-def _lane(df: pd.DataFrame, head_dim: int) -> str:
+def attention_lane(df: pd.DataFrame, head_dim: int) -> str:
     """vLLM's default kernel among the table's lanes: the first of ATTENTION_LANES that measured this
     head_dim, else the first present, else the lane with the most rows."""
     present = set(df["kernel_source"])
@@ -222,11 +215,11 @@ def _points(g: pd.DataFrame, x: str) -> tuple[list[float], list[float]]:
     return m.index.tolist(), [t * MS for t in m.tolist()]
 
 
-def _nearest(values: list[int], x: float) -> int:
+def nearest(values: list[int], x: float) -> int:
     return min(values, key=lambda v: (abs(math.log(v / x)), -v))
 
 
-def _bracket(grid: list[int], x: float) -> tuple[list[tuple[int, float]], float]:
+def bracket(grid: list[int], x: float) -> tuple[list[tuple[int, float]], float]:
     """Grid points around x with their log-space weights, and the factor for x past the top of the grid."""
     if x <= grid[0]:
         return [(grid[0], 1.0)], 1.0
@@ -358,8 +351,8 @@ class AIConfiguratorKernels:
         if curve is not None:
             return curve
         table, ns, ks = _gemm_grid(str(self.files["gemm"][1]))
-        n_pts, n_scale = _bracket(ns, n)
-        k_pts, k_scale = _bracket(ks, k)
+        n_pts, n_scale = bracket(ns, n)
+        k_pts, k_scale = bracket(ks, k)
         corners = []
         for cn, wn in n_pts:
             for ck, wk in k_pts:
@@ -418,7 +411,7 @@ class AIConfiguratorKernels:
         """(floor seconds, bytes/s) from the GEMM table: the median of the smallest batch-1 GEMMs, and the
         median weight-streaming rate of batch-1 GEMMs with at least STREAM_MIN_BYTES of weights."""
         if self._streaming is None:
-            df = _bf16_gemm(str(self.files["gemm"][1]))
+            df = bf16_gemm(str(self.files["gemm"][1]))
             one = df[df["m"] == 1]
             small = one[(one["n"] <= FLOOR_MAX_NK) & (one["k"] <= FLOOR_MAX_NK)]["latency"]
             big = one[2 * one["n"] * one["k"] >= STREAM_MIN_BYTES]
@@ -435,14 +428,14 @@ class AIConfiguratorKernels:
         between the two measured query-head counts around it (label says so and the caller blends), a
         nearest head_dim / KV-head count scaled up in proportion when the model's is larger."""
         s = self.shape
-        df = _attention_rows(str(self.files[kind][1]))
-        lane = _lane(df, s.head_dim)
+        df = attention_rows(str(self.files[kind][1]))
+        lane = attention_lane(df, s.head_dim)
         df = df[df["kernel_source"] == lane]
         dims = sorted(set(df["head_dim"]))
-        d = s.head_dim if s.head_dim in dims else _nearest(dims, s.head_dim)
+        d = s.head_dim if s.head_dim in dims else nearest(dims, s.head_dim)
         df = df[df["head_dim"] == d]
         kvs = sorted(set(df["num_key_value_heads"]))
-        kv = s.num_kv_heads if s.num_kv_heads in kvs else _nearest(kvs, s.num_kv_heads)
+        kv = s.num_kv_heads if s.num_kv_heads in kvs else nearest(kvs, s.num_kv_heads)
         df = df[df["num_key_value_heads"] == kv]
         # Decode streams the KV cache (KV heads x head_dim), prefill computes per query head x head_dim.
         grow = (s.num_kv_heads / kv if kind == "generation" else 1.0) * s.head_dim / d
@@ -455,7 +448,7 @@ class AIConfiguratorKernels:
     def _by_heads(self, df: pd.DataFrame, build: Any) -> list[tuple[Any, float]]:
         """The per-query-head-count tables around the model's, with log-space weights."""
         heads = sorted(set(df["num_heads"]))
-        pts, over = _bracket(heads, self.shape.num_heads)
+        pts, over = bracket(heads, self.shape.num_heads)
         if len(pts) > 1 or over != 1.0 or pts[0][0] != self.shape.num_heads:
             self.notes["query heads"] = (f"{self.shape.num_heads} not measured: from {[h for h, _ in pts]}"
                                          + (f", scaled by {over:g}" if over != 1.0 else ""))
@@ -538,133 +531,3 @@ class AIConfiguratorKernels:
 
 
 # --- the extract kept in the repository (data/aic_extract), for fits and tests without the package ------
-
-# Shapes of the extract: the layer GEMMs of each model at each tensor-parallel degree.
-_EXTRACT_MODELS = {"llama-3.1-8b": (4096, 32, 8, 128, 14336, (1,)), "qwen3-0.6b": (1024, 16, 8, 128, 3072, (1,)),
-                   "qwen3-32b": (5120, 64, 8, 128, 25600, (1, 2))}
-_EXTRACT_M = (1, 8, 32, 128, 512, 2048, 8192)
-_EXTRACT_DECODE = ((1, 4, 16, 64, 128, 256), (128, 512, 1024, 2048, 4096, 8192))
-_EXTRACT_CHUNKS = (16, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
-EXTRACT_GPUS = ("h100", "h200", "b200", "a100", "l40s", "rtx-pro-6000")
-# Message sizes (elements) of the all-reduce extract: 4096 and each fourfold size; the ones a table measured are kept.
-_ALLREDUCE_SIZES = tuple(4096 * 4**i for i in range(16))
-_ALLREDUCE_LANE = "vLLM_custom_graph"  # vLLM's custom all-reduce captured in a CUDA graph (backend vllm_graph)
-
-
-def extract_rows(hardware: tuple[str, ...] = EXTRACT_GPUS) -> list[dict]:
-    """Measured rows only: GEMMs at each layer shape's (n, k), or at the grid (n, k) around it when it is
-    off the grid; decode attention at the grid contexts nearest each requested one; prefill at batch 1."""
-    root = package_root()
-    rows: list[dict] = []
-    for hw in hardware:
-        system = AIC_SYSTEMS[hw]
-        version, path = table_file(root, system, "gemm")
-        gemm = _bf16_gemm(str(path))
-        ns, ks = sorted(set(gemm["n"])), sorted(set(gemm["k"]))
-        for model, (h, heads, kvh, d, inter, tps) in _EXTRACT_MODELS.items():
-            for tp in tps:
-                q, kv, i = heads // tp * d, max(kvh // tp, 1) * d, inter // tp
-                for op, (n, k) in {"qkv_proj": (q + 2 * kv, h), "o_proj": (h, q), "gate_up_proj": (2 * i, h),
-                                   "down_proj": (h, i)}.items():
-                    for cn, _ in _bracket(ns, n)[0]:
-                        for ck, _ in _bracket(ks, k)[0]:
-                            sel = gemm[(gemm["n"] == cn) & (gemm["k"] == ck) & gemm["m"].isin(_EXTRACT_M)]
-                            label = f"{model}{f'-tp{tp}' if tp > 1 else ''}/{op}" + ("" if (cn, ck) == (n, k)
-                                                                                      else f" (n={n} k={k})")
-                            for r in sel.sort_values("m").itertuples():
-                                rows.append({"gpu": hw, "kernel": "gemm", "op": label, "m": r.m, "n": cn, "k": ck,
-                                             "time_us": round(r.latency * 1e3, 4), "kernel_source": r.kernel_source,
-                                             "table": str(path.relative_to(root))})
-        for kind, name in (("generation", "decode_attention"), ("context", "context_attention")):
-            _, apath = table_file(root, system, kind)
-            df = _attention_rows(str(apath))
-            df = df[(df["num_heads"] == 32) & (df["num_key_value_heads"] == 8) & (df["head_dim"] == 128)]
-            lane = _lane(df, 128)
-            df = df[df["kernel_source"] == lane]
-            if kind == "generation":
-                steps = sorted(set(df["step"]))
-                wanted = [(b, _nearest(steps, kv)) for b in _EXTRACT_DECODE[0] for kv in _EXTRACT_DECODE[1]]
-                picked = [df[(df["batch_size"] == b) & (df["step"] == s)] for b, s in wanted]
-            else:
-                picked = [df[(df["batch_size"] == 1) & (df["isl"] == c)] for c in _EXTRACT_CHUNKS]
-            for sel in picked:
-                for r in sel.itertuples():
-                    shape = {"batch": r.batch_size, "kv": r.step} if kind == "generation" else {"batch": 1, "m": r.isl,
-                                                                                                "kv": 0}
-                    rows.append({"gpu": hw, "kernel": name, "op": "llama-3.1-8b/attention", **shape, "heads": 32,
-                                 "kv_heads": 8,
-                                 "head_dim": 128, "time_us": round(r.latency * 1e3, 4), "kernel_source": lane,
-                                 "table": str(apath.relative_to(root))})
-    return rows
-
-
-def roofline_terms(row: dict) -> dict:
-    """The row's work as the per-kernel roofline counts it (bf16): a GEMM's 2mnk FLOPs and its three
-    matrices' bytes; attention's 4 FLOPs per head dimension per causal query-key pair and the K, V read
-    plus q and the output. `queries`: the GEMM's rows, or the attention call's query tokens."""
-    if row["kernel"] == "gemm":
-        m, n, k = row["m"], row["n"], row["k"]
-        return {"kind": "gemm", "class": "gemm", "queries": m, "flops": 2 * m * n * k, "bytes": 2 * (n * k + m * k + m * n)}
-    q_size, kv_size = row["heads"] * row["head_dim"], row["kv_heads"] * row["head_dim"]
-    if row["kernel"] == "decode_attention":
-        queries, pairs, kv_tokens = row["batch"], row["batch"] * row["kv"], row["batch"] * row["kv"]
-    else:
-        queries, pairs, kv_tokens = row["m"], row["m"] * (row["m"] + 1) // 2, row["m"]
-    return {"kind": row["kernel"], "class": "attention", "queries": queries, "flops": 4 * q_size * pairs,
-            "bytes": 2 * (2 * kv_tokens * kv_size + 2 * queries * q_size)}
-
-
-def allreduce_rows(hardware: tuple[str, ...] = EXTRACT_GPUS) -> list[dict]:
-    """vLLM's custom all-reduce in a CUDA graph, bf16, from every vLLM version directory of each GPU's comm
-    tables: each measured GPU count, message sizes of _ALLREDUCE_SIZES the table measured."""
-    root = package_root()
-    rows: list[dict] = []
-    for hw in hardware:
-        base = root / "systems" / "data" / AIC_SYSTEMS[hw] / "comm" / "vllm"
-        versions = sorted((p.name for p in base.iterdir() if p.is_dir()), key=_version_key) if base.is_dir() else []
-        for version in versions:
-            path = base / version / (TABLES["all_reduce"][1] + ".parquet")
-            if not path.is_file():
-                continue
-            df = read_table(str(path))
-            df = df[(df["kernel_source"] == _ALLREDUCE_LANE) & (df["allreduce_dtype"] == "bfloat16")
-                    & (df["latency"] > 0) & df["message_size"].isin(_ALLREDUCE_SIZES)]
-            mean = df.groupby(["num_gpus", "message_size"])["latency"].mean()
-            for (tp, elements), ms in mean.items():
-                rows.append({"gpu": hw, "vllm_version": version, "tp": int(tp), "message_bytes": int(elements) * 2,
-                             "time_us": round(float(ms) * 1e3, 4), "table": str(path.relative_to(root))})
-    return rows
-
-
-def _write_csv(path: Path, columns: tuple[str, ...], rows: list[dict]) -> int:
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, columns, lineterminator="\n")
-        w.writeheader()
-        w.writerows(rows)
-    return len(rows)
-
-
-def write_extract(path: Path = EXTRACT_FILE, allreduce_path: Path = ALLREDUCE_FILE) -> dict[str, int]:
-    """Writes `extract_rows()` (with their roofline terms) and `allreduce_rows()` as CSV; returns each
-    file's row count by file name."""
-    kernels = [{**r, **roofline_terms(r)} for r in extract_rows()]
-    return {path.name: _write_csv(path, EXTRACT_COLUMNS, kernels),
-            allreduce_path.name: _write_csv(allreduce_path, ALLREDUCE_COLUMNS, allreduce_rows())}
-
-
-def load_extract(path: Path = EXTRACT_FILE) -> list[dict[str, Any]]:
-    """The extract's rows (`kernels.csv`, or `ALLREDUCE_FILE`), numbers as int or float and empty cells as
-    None; needs no aiconfigurator."""
-    out = []
-    with open(path, newline="") as f:
-        for row in csv.DictReader(f):
-            rec: dict[str, Any] = {}
-            for key, text in row.items():
-                if key in ("gpu", "kernel", "op", "kind", "class", "kernel_source", "table", "vllm_version"):
-                    rec[key] = text
-                elif text == "":
-                    rec[key] = None
-                else:
-                    rec[key] = float(text) if key == "time_us" else int(text)
-            out.append(rec)
-    return out

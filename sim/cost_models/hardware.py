@@ -14,6 +14,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from engine.core.bounded_read import read_mapping
+
 GiB = 1 << 30
 TERA = 1e12
 GB = 1e9
@@ -178,18 +180,10 @@ def load_hardware_file(path: Path) -> Hardware:
     """A GPU described in YAML, e.g. `{name: my-gpu, bf16_tflops: 400, memory_bandwidth_tbps: 2.0,
     memory_gib: 48, family: ada, interconnect: pcie, link_bandwidth_gbps: 32}`; efficiencies come from
     `family` unless given. One-line ValueError naming the file and field otherwise."""
-    import yaml
-
     try:
-        if path.stat().st_size > MAX_HARDWARE_FILE_BYTES:
-            raise ValueError(f"{path}: larger than {MAX_HARDWARE_FILE_BYTES >> 10} KiB, not a hardware file")
-        doc = yaml.safe_load(path.read_text())
-    except OSError as e:
-        raise ValueError(f"--hardware {path}: cannot read ({e.strerror})") from None
-    except (yaml.YAMLError, UnicodeDecodeError) as e:
-        raise ValueError(f"--hardware {path}: not valid YAML ({' '.join(str(e).split())})") from None
-    if not isinstance(doc, dict):
-        raise ValueError(f"--hardware {path}: must be a mapping of fields ({', '.join(_FILE_REQUIRED)}, ...)")
+        doc = read_mapping(path, MAX_HARDWARE_FILE_BYTES, "hardware file", "yaml")
+    except ValueError as e:
+        raise ValueError(f"--hardware {e}") from None
     unknown = sorted(set(doc) - set(_FILE_REQUIRED) - set(_FILE_OPTIONAL))
     if unknown:
         raise ValueError(f"--hardware {path}: unknown field {unknown[0]!r}; known: "

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from engine.core.bounded_read import read_mapping
 from sim.cost_models.kernels import AttentionShape
 
 MAX_TABLE_BYTES = 64 << 20
@@ -256,22 +257,13 @@ class ProfileKernels:
 
 
 def read_bundle_meta(bundle: Path) -> dict[str, Any]:
-    import yaml
-
     path = Path(bundle) / "meta.yaml"
+    if not path.exists():
+        raise BundleError(f"{bundle}: not a profile bundle (no meta.yaml)")
     try:
-        if path.stat().st_size > MAX_META_BYTES:
-            raise BundleError(f"{path}: larger than {MAX_META_BYTES >> 10} KiB")
-        meta = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise BundleError(f"{bundle}: not a profile bundle (no meta.yaml)") from None
-    except OSError as e:
-        raise BundleError(f"{path}: cannot read ({e.strerror})") from None
-    except (yaml.YAMLError, UnicodeDecodeError) as e:
-        raise BundleError(f"{path}: not valid YAML ({' '.join(str(e).split())})") from None
-    if not isinstance(meta, dict):
-        raise BundleError(f"{path}: must be a mapping")
-    return meta
+        return read_mapping(path, MAX_META_BYTES, "bundle's meta.yaml", "yaml")
+    except ValueError as e:
+        raise BundleError(str(e)) from None
 
 
 def is_bundle(path: str | Path) -> bool:
