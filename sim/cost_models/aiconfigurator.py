@@ -29,6 +29,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from sim.cost_models.hardware import get_hardware
 from sim.cost_models.kernels import AttentionShape
 
 if TYPE_CHECKING:
@@ -138,13 +139,15 @@ def version_key(version: str) -> tuple[int, ...]:
     return tuple(int(p) if p.isdigit() else -1 for p in re.split(r"[.\-+]", version))
 
 
-def table_file(root: Path, system: str, kind: str) -> tuple[str, Path] | None:
-    """(vLLM version, file) of the newest version directory holding a table of this kind, or None."""
+def table_file(root: Path, system: str, kind: str, prefer: str | None = None) -> tuple[str, Path] | None:
+    """(vLLM version, file) of the version directory `prefer` names if it holds a table of this kind, else
+    of the newest one that does, or None."""
     family, stem = TABLES[kind]
     base = root / "systems" / "data" / system / family / "vllm"
     if not base.is_dir():
         return None
-    for version in sorted((p.name for p in base.iterdir() if p.is_dir()), key=version_key, reverse=True):
+    versions = sorted((p.name for p in base.iterdir() if p.is_dir()), key=version_key, reverse=True)
+    for version in ([prefer] if prefer in versions else []) + versions:
         for ext in (".parquet", ".csv", ".txt"):
             path = base / version / (stem + ext)
             if path.is_file():
@@ -242,10 +245,11 @@ class AIConfiguratorKernels:
     """`KernelTimes` of one tensor-parallel rank from AIConfigurator's measured vLLM tables.
 
     `shape` is already the rank's shard (heads, KV heads, intermediate and vocab divided by `tp`); `tp`
-    is only used to give the sampler the whole vocabulary (vLLM gathers the logits before sampling).
+    is only used to give the sampler the whole vocabulary (vLLM gathers the logits before sampling);
+    `vllm_version` picks that version's measured all-reduces where the database has them.
     """
 
-    def __init__(self, shape: ModelShape, hardware: str, tp: int = 1) -> None:
+    def __init__(self, shape: ModelShape, hardware: str, tp: int = 1, vllm_version: str | None = None) -> None:
         root = package_root()
         key = str(hardware).lower()
         available = available_hardware(root)
@@ -261,7 +265,10 @@ class AIConfiguratorKernels:
         self.tp = tp
         self.root = root
         self.version = importlib.metadata.version(PACKAGE)
-        self.files = {kind: found for kind in TABLES if (found := table_file(root, self.system, kind))}
+        # Kernels from the newest tables; all-reduces from the run's own vLLM version where it was measured
+        # (vLLM's custom all-reduce changed more between versions than its kernels did).
+        self.files = {kind: found for kind in TABLES
+                      if (found := table_file(root, self.system, kind, vllm_version if kind == "all_reduce" else None))}
         self.source = f"AIConfigurator {self.version} {self.system} (vLLM {self.files['gemm'][0]} kernel tables)"
         self.outside = 0
         self._dense: dict[str, Any] = {}
@@ -272,6 +279,7 @@ class AIConfiguratorKernels:
         self._all_reduce: dict[tuple[int, bool], LogCurve | None] = {}
         self._streaming: tuple[float, float] | None = None
         self.notes: dict[str, str] = {}
+        self.mixed_attn_eff = get_hardware(key).mixed_attn_eff
 
     # --- the KernelTimes seam -------------------------------------------------------------------------
 
@@ -297,7 +305,9 @@ class AIConfiguratorKernels:
 
     def attention(self, shape: AttentionShape) -> float:
         """The prefill chunk's context attention plus the decodes' generation attention, each measured
-        alone (vLLM runs them as one varlen call, so a mixed call pays one kernel floor less than this)."""
+        alone. vLLM runs them as one varlen call, in which decodes may lose their split-KV kernel: the
+        databases measure no such call, so the decodes' share is divided by the GPU family's
+        `mixed_attn_eff`, fitted where mixed calls were measured (1 where they were not)."""
         t = 0.0
         if shape.prefill_chunk > 0:
             t += self._prefill(shape.prefill_chunk, shape.kv_prefill)
@@ -309,7 +319,7 @@ class AIConfiguratorKernels:
             decode, outside = grid.at(shape.n_decode, kv if kv > 1 else 1)
             if outside:
                 self.outside += 1
-            t += decode
+            t += decode / self.mixed_attn_eff if shape.prefill_chunk > 0 else decode
         return t
 
     def skew_alpha(self, shape: AttentionShape, kv_min: int, kv_max: int) -> float:

@@ -50,6 +50,6 @@ def aiconfigurator_model(model: Any, hardware: str | None, tp: int, async_schedu
     if model is None or hardware is None:
         raise ValueError("--cost-model aiconfigurator: needs --model and --hardware (h100, h200, b200, ...)")
     shape = model_shape(model)
-    kernels = AIConfiguratorKernels(rank_shape(shape, tp), hardware, tp)
+    kernels = AIConfiguratorKernels(rank_shape(shape, tp), hardware, tp, vllm_version)
     return KernelSumCostModel("aiconfigurator", kernels, shape, get_hardware(hardware, vllm_version), tp,
                               async_scheduling)
