@@ -80,9 +80,9 @@ def read_meta(root: Path) -> dict[str, Any]:
         raise TraceError(f"{meta_path}: not valid JSON ({e.msg} at line {e.lineno})") from None
     if not isinstance(meta, dict):
         raise TraceError(f"{meta_path}: not a JSON object (a JSON {type(meta).__name__})")
-    for key in ("config", "workload"):
-        if key in meta and meta[key] is not None and not isinstance(meta[key], dict):
-            raise TraceError(f"{meta_path}: {key} must be a JSON object, got a JSON {type(meta[key]).__name__}")
+    config = meta.get("config")
+    if config is not None and not isinstance(config, dict):
+        raise TraceError(f"{meta_path}: config must be a JSON object, got a JSON {type(config).__name__}")
     version = meta.get("format_version")
     if version != FORMAT_VERSION:
         raise TraceError(f"{meta_path}: format_version is {version!r}, this stepscope reads {FORMAT_VERSION}")
