@@ -100,7 +100,7 @@ class KernelSumCostModel:
         self.tp = tp
         self.async_scheduling = async_scheduling
         self._layer_ops = tuple((op, calls) for op, calls in LAYER_OPS if op != "qk_norm" or self.rank.qk_norm)
-        self._dense_cache: dict[int, tuple[float, bool]] = {}
+        self._fixed_cache: dict[tuple[int, int], tuple[float, bool]] = {}
         self._floor = timer.attention(AttentionShape(1, 0, 0, 0))
         self.num_steps = 0
         self.steps_outside = 0
@@ -110,10 +110,11 @@ class KernelSumCostModel:
         """The model's context length: the simulator's default --max-model-len for workload runs."""
         return self.shape.max_positions or None
 
-    def _dense(self, tokens: int) -> tuple[float, bool]:
-        """Seconds of every token-proportional kernel of the step (layers, embedding, final norm) and the
-        all-reduces; the same token count recurs for every decode batch of one size, so it is kept."""
-        hit = self._dense_cache.get(tokens)
+    def _fixed(self, tokens: int, seqs: int) -> tuple[float, bool]:
+        """Seconds of every kernel but attention (the token-proportional ones and their all-reduces, the LM
+        head, sampler and logits gather) and whether all were inside the measured grid: they depend on the
+        step's token and sequence counts alone, which recur (every decode batch of one size), so kept."""
+        hit = self._fixed_cache.get((tokens, seqs))
         if hit is not None:
             return hit
         before = self.timer.outside
@@ -121,7 +122,9 @@ class KernelSumCostModel:
         layer = sum(calls * t.dense(op, tokens) for op, calls in self._layer_ops)
         total = self.shape.num_layers * layer + sum(t.dense(op, tokens) for op in STEP_OPS)
         total += (2 * self.shape.num_layers + 1) * self.all_reduce(tokens)
-        hit = self._dense_cache[tokens] = (total, self.timer.outside == before)
+        total += sum(t.per_sequence(op, seqs) for op in SEQUENCE_OPS)
+        total += self.hardware.gather_time(seqs * self.rank.vocab * self.shape.dtype_bytes, self.tp)
+        hit = self._fixed_cache[(tokens, seqs)] = (total, self.timer.outside == before)
         return hit
 
     def all_reduce(self, tokens: int) -> float:
@@ -152,13 +155,8 @@ class KernelSumCostModel:
             return 0.0
         self.num_steps += 1
         before = self.timer.outside
-        dense, inside = self._dense(tokens)
-        seqs = batch.num_prefill_seqs + batch.num_decode_seqs
-        t = self.timer
-        time = dense + self.shape.num_layers * self._attention(batch) + sum(t.per_sequence(op, seqs)
-                                                                              for op in SEQUENCE_OPS)
-        vocab_bytes = seqs * self.rank.vocab * self.shape.dtype_bytes
-        time += self.hardware.gather_time(vocab_bytes, self.tp)
+        fixed, inside = self._fixed(tokens, batch.num_prefill_seqs + batch.num_decode_seqs)
+        time = fixed + self.shape.num_layers * self._attention(batch)
         if not inside or self.timer.outside != before:
             self.steps_outside += 1
         return time
