@@ -69,3 +69,16 @@ def test_a_meta_whose_config_is_not_an_object_is_one_line(trace, tmp_path, capsy
     assert sim_main(["compare", str(trace), str(damaged)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "config must be a JSON object" in err[0]
+
+
+def test_the_tui_exits_non_zero_when_it_crashes(trace, monkeypatch):
+    from tui import cli
+    from tui.app import StepscopeApp
+
+    def crash(self):
+        raise RuntimeError("a view the trace breaks")
+
+    run = StepscopeApp.run
+    monkeypatch.setattr(StepscopeApp, "on_mount", crash)
+    monkeypatch.setattr(StepscopeApp, "run", lambda self: run(self, headless=True))
+    assert cli.main([str(trace)]) != 0

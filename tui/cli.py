@@ -35,5 +35,6 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from tui.app import StepscopeApp
 
-    StepscopeApp(*runs).run()
-    return 0
+    app = StepscopeApp(*runs)
+    app.run()
+    return app.return_code or 0  # Textual prints a crash's traceback itself; the exit status says it too
