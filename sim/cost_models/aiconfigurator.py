@@ -284,24 +284,21 @@ class AIConfiguratorKernels:
     # --- the KernelTimes seam -------------------------------------------------------------------------
 
     def dense(self, op: str, tokens: int) -> float:
-        if tokens <= 0:
-            return 0.0
-        f = self._dense.get(op)
-        if f is None:
-            f = self._dense[op] = self._build_dense(op)
-        if f.__class__ is LogCurve and tokens > f.xs[-1]:
-            self.outside += 1
-        return f(tokens)
+        return self._time(self._dense, self._build_dense, op, tokens)
 
     def per_sequence(self, op: str, sequences: int) -> float:
-        if sequences <= 0:
+        return self._time(self._sequence, self._build_sequence, op, sequences)
+
+    def _time(self, built: dict[str, Any], build: Any, op: str, x: int) -> float:
+        """The op's time at x, its curve built on first use; a measured curve's lookups past it are counted."""
+        if x <= 0:
             return 0.0
-        f = self._sequence.get(op)
+        f = built.get(op)
         if f is None:
-            f = self._sequence[op] = self._build_sequence(op)
-        if f.__class__ is LogCurve and sequences > f.xs[-1]:
+            f = built[op] = build(op)
+        if f.__class__ is LogCurve and x > f.xs[-1]:
             self.outside += 1
-        return f(sequences)
+        return f(x)
 
     def attention(self, shape: AttentionShape) -> float:
         """The prefill chunk's context attention plus the decodes' generation attention, each measured

@@ -171,7 +171,6 @@ class ProfileKernels:
         self.grid = GridTree(rows)
         self._skew = self._read_skew(d / "skew_fit.csv")
         self.outside = 0
-        self.lookups = 0
         self.source = f"profile bundle {self.bundle}"
 
     def _read_skew(self, path: Path) -> dict[tuple, float] | None:
@@ -203,33 +202,24 @@ class ProfileKernels:
         self._skew_pcs = sorted({k[0] for k in table})
         return table
 
-    def _count(self, inside: bool) -> None:
-        self.lookups += 1
-        if not inside:
-            self.outside += 1
+    def _at(self, curves: dict[str, Curve], op: str, x: int) -> float:
+        """The op's measured time at x (0 for an op the bundle did not profile), counting lookups past the grid."""
+        curve = curves.get(op)
+        if curve is None:
+            return 0.0
+        t, inside = curve.at(x)
+        self.outside += not inside
+        return t
 
     def dense(self, op: str, tokens: int) -> float:
-        curve = self.dense_curves.get(op)
-        if curve is None:
-            return 0.0
-        t, inside = curve.at(tokens)
-        self._count(inside)
-        return t
-
-    def has(self, op: str) -> bool:
-        return op in self.dense_curves or op in self.sequence_curves
+        return self._at(self.dense_curves, op, tokens)
 
     def per_sequence(self, op: str, sequences: int) -> float:
-        curve = self.sequence_curves.get(op)
-        if curve is None:
-            return 0.0
-        t, inside = curve.at(sequences)
-        self._count(inside)
-        return t
+        return self._at(self.sequence_curves, op, sequences)
 
     def attention(self, shape: AttentionShape) -> float:
         t, inside = self.grid.at((shape.prefill_chunk, shape.kv_prefill, shape.n_decode, shape.kv_decode))
-        self._count(inside)
+        self.outside += not inside
         return t
 
     def skew_alpha(self, shape: AttentionShape, kv_min: int, kv_max: int) -> float:
