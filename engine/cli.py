@@ -79,9 +79,13 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"engine {args.command}: error: {flag_error(e, flags_of(EngineArgs))}", file=sys.stderr)
         return 2
-    except FileNotFoundError as e:
-        print(f"engine {args.command}: error: {e}", file=sys.stderr)
+    except OSError as e:
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"engine {args.command}: error: {where}{e.strerror or e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # a second Ctrl-C, while the trace was being closed
+        print(f"engine {args.command}: interrupted; a trace keeps what was written before", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

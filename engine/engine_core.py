@@ -182,10 +182,9 @@ class EngineCore:
         return self.cycle.step()
 
     def shutdown(self, **final_meta) -> None:
-        if self.trace is not None:
-            self.trace.close(**final_meta)
-            self.trace = None
-            self.cycle.recorder = None
+        trace, self.trace, self.cycle.recorder = self.trace, None, None
+        if trace is not None:
+            trace.close(**final_meta)
 
     def reset_prefix_cache(self) -> bool:
         return self.scheduler.reset_prefix_cache()

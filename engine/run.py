@@ -85,7 +85,11 @@ def main_run(args) -> int:
     engine = LLMEngine(config)
     engine.engine_core.update_trace_meta(workload={**workload.to_dict(), "time_scale": args.time_scale,
                                                    "max_requests": args.max_requests})
-    result = run_workload(engine, workload, args.time_scale, args.max_requests, progress=not args.no_progress)
+    try:
+        result = run_workload(engine, workload, args.time_scale, args.max_requests, progress=not args.no_progress)
+    except BaseException:  # a trace the disk stopped taking: close what is left, then say why
+        engine.shutdown(interrupted=True)
+        raise
     engine.shutdown(interrupted=result.interrupted)
     print(trace_summary(config.observability_config.trace_dir))
     if tmp is None:

@@ -10,6 +10,7 @@ import queue
 import sys
 import threading
 import time
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 from collections.abc import Sequence
@@ -28,21 +29,32 @@ PROVIDER_NAME = "stepscope"
 
 
 class OTLPJsonLinesExporter(SpanExporter):
-    """Writes each exported batch as one ExportTraceServiceRequest JSON line and flushes it."""
+    """Writes each exported batch as one ExportTraceServiceRequest JSON line and flushes it. A write the
+    disk refuses is said once, in one line, and later spans are dropped: the lines before stay whole."""
 
     def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
         self._file = open(path, "a", encoding="utf-8")
         self._lock = threading.Lock()
+        self.failed = False
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         line = MessageToJson(encode_spans(spans), indent=None)
         with self._lock:
-            self._file.write(line + "\n")
-            self._file.flush()
+            if self.failed:
+                return SpanExportResult.FAILURE
+            try:
+                self._file.write(line + "\n")
+                self._file.flush()
+            except OSError as e:
+                self.failed = True
+                print(f"engine: warning: {self.path}: cannot write spans ({e.strerror or e}); no more are written",
+                      file=sys.stderr)
+                return SpanExportResult.FAILURE
         return SpanExportResult.SUCCESS
 
     def shutdown(self) -> None:
-        with self._lock:
+        with self._lock, suppress(OSError):  # a failed write leaves its line in the buffer; it is dropped
             self._file.close()
 
 
@@ -252,7 +264,10 @@ class EngineTrace:
             self.writer.update_meta(**fields)
 
     def close(self, **final_meta: Any) -> None:
-        """The trace is compacted first: a slow span exporter must not keep it in JSON lines."""
-        if self.recorder is not None:
-            self.recorder.close(**final_meta)
-        self.spans.shutdown()
+        """The trace is compacted first: a slow span exporter must not keep it in JSON lines. The spans
+        are flushed even when compaction fails."""
+        try:
+            if self.recorder is not None:
+                self.recorder.close(**final_meta)
+        finally:
+            self.spans.shutdown()

@@ -6,13 +6,12 @@ and then whole, length-prefixed batches, so a run killed mid-write leaves every 
 """
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator, Sequence
 from itertools import chain
 from pathlib import Path
 from typing import Any
 
-from traces.schema import TEMP_SUFFIX
+from traces.files import replaced_when_done
 
 # Row groups of at most this many rows: a compacted table is read column by column, and a few large
 # groups compress better than one per flush. And of at most this many bytes: a group is held whole while
@@ -137,10 +136,10 @@ def arrow_stream_to_parquet(src: Path, dst: Path) -> None:
     import pyarrow.parquet as pq
 
     schema, batches, _ = iter_batches(src, memory_map=False)
-    tmp = dst.with_name(f"{dst.name}.{os.getpid()}{TEMP_SUFFIX}")
     # Column statistics (min/max per row group) only where a reader would select row groups by them.
     stats = [c for c in STATISTICS_COLUMNS if c in schema.names]
-    with pq.ParquetWriter(tmp, schema, use_dictionary=dictionary_columns(schema), write_statistics=stats) as out:
+    with (replaced_when_done(dst) as tmp,
+          pq.ParquetWriter(tmp, schema, use_dictionary=dictionary_columns(schema), write_statistics=stats) as out):
         group: list[Any] = []
         rows = size = 0
         for batch in batches:
@@ -152,4 +151,3 @@ def arrow_stream_to_parquet(src: Path, dst: Path) -> None:
                 group, rows, size = [], 0, 0
         if group:
             out.write_table(pa.Table.from_batches(group, schema=schema))
-    os.replace(tmp, dst)

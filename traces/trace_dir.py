@@ -17,6 +17,11 @@ class TraceDirError(TraceError):
     """A trace directory that cannot be written: one line naming it and why."""
 
 
+class TraceWriteError(TraceDirError):
+    """The file system refused a write midway (full, read-only, over quota): the trace ends there, with
+    every row written before it still readable."""
+
+
 def trace_files(path: Path) -> list[Path]:
     """The files of a trace in `path` (meta, spans, each table's streams and Parquet file)."""
     from traces.arrowstream import arrow_stream_file

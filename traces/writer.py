@@ -8,8 +8,9 @@ flush, no JSON printed per row nor parsed at compaction)."""
 from __future__ import annotations
 
 import json
-import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -18,7 +19,8 @@ import orjson
 from traces.arrowstream import arrow_stream_file, arrow_stream_to_parquet, to_batch
 from traces.runs import GridSpec, RunSpec, merge_runs
 from traces.schema import FORMAT_VERSION, META_FILE, OPTIONAL_COLUMNS, TABLES, TEMP_SUFFIX, arrow_schema, parquet_file, stream_file
-from traces.trace_dir import TraceDirLock, trace_files
+from traces.files import replaced_when_done
+from traces.trace_dir import TraceDirLock, TraceWriteError, trace_files
 
 _OPTIONS = orjson.OPT_SERIALIZE_NUMPY  # numpy scalars from cost models and tables are plain numbers here
 STREAM_FORMATS = ("jsonl", "arrow")
@@ -86,9 +88,32 @@ class TraceWriter:
         self.closed = False
 
     def _write_meta(self) -> None:
-        tmp = self.path / (META_FILE + ".tmp")
-        tmp.write_text(json.dumps(self.meta, indent=2, default=str))
-        os.replace(tmp, self.path / META_FILE)
+        with self._writing(META_FILE), replaced_when_done(self.path / META_FILE) as tmp:
+            tmp.write_text(json.dumps(self.meta, indent=2, default=str))
+
+    @contextmanager
+    def _writing(self, what: str, kept: str = "every step written before it stays readable") -> Iterator[None]:
+        """An OS error while writing ends the trace there, in one line: the streams are closed as they
+        stand, the directory released, and nothing is compacted (that would need the room that ran out)."""
+        try:
+            yield
+        except OSError as e:
+            self._abandon()
+            raise TraceWriteError(f"{self.path}: cannot write {what} ({e.strerror or e}); the trace ends here and "
+                                  f"{kept}") from None
+
+    def _abandon(self) -> None:
+        """Close every stream without another write that could fail, and give up the directory."""
+        self.closed = True
+        for f in self._files.values():
+            with suppress(Exception):
+                f.close()
+        for sink, stream, _ in self._streams.values():
+            with suppress(Exception):
+                stream.close()
+            with suppress(Exception):
+                sink.close()
+        self.lock.release()
 
     def write_rows(self, table: str, rows: list[dict[str, Any]]) -> None:
         """Rows as dicts; a column a row lacks is null, keys outside the table's columns are dropped."""
@@ -144,8 +169,9 @@ class TraceWriter:
             if self._files:
                 keys = self.columns[table]
                 f = self._files[table]
-                f.write(b"\n".join([_dumps(dict(zip(keys, row))) for row in zip(*cols.values())]) + b"\n")
-                f.flush()
+                with self._writing(stream_file(table)):
+                    f.write(b"\n".join([_dumps(dict(zip(keys, row))) for row in zip(*cols.values())]) + b"\n")
+                    f.flush()
             else:
                 sink, stream, schema = self._streams[table]
                 batch = to_batch(cols, schema) if n else None
@@ -153,8 +179,9 @@ class TraceWriter:
                     batch = merge_runs(batch, spec.batch(runs, schema), [r[0] for r in runs],
                                        [r[1] for r in runs])
                     runs.clear()
-                stream.write_batch(batch)
-                sink.flush()
+                with self._writing(arrow_stream_file(table)):
+                    stream.write_batch(batch)
+                    sink.flush()
             for values in cols.values():
                 values.clear()
 
@@ -167,18 +194,24 @@ class TraceWriter:
         if self.closed:
             return
         self.drain()
-        self.closed = True
-        for f in self._files.values():
-            f.close()
-        for sink, stream, _ in self._streams.values():
-            stream.close()
-            sink.close()
-        if compact:
-            if self._streams:
-                self._compact_arrow()
-            else:
-                self._compact()
-        self.update_meta(complete=True, ended_at=time.time(), **final_meta)
+        try:
+            with self._writing("the streams"):
+                for f in self._files.values():
+                    f.close()
+                for sink, stream, _ in self._streams.values():
+                    stream.close()
+                    sink.close()
+            self.closed = True
+            if compact:
+                with self._writing("Parquet (compacting)", "it stays readable from the streams not yet compacted"):
+                    if self._streams:
+                        self._compact_arrow()
+                    else:
+                        self._compact()
+            self.update_meta(complete=True, ended_at=time.time(), **final_meta)
+        except BaseException:  # a second Ctrl-C: what is on disk stays as it is, the directory is let go
+            self._abandon()
+            raise
         self.lock.release()
 
     def _compact_arrow(self) -> None:
@@ -208,20 +241,19 @@ class TraceWriter:
 
         for table, columns in TABLES.items():
             src, dst = self.path / stream_file(table), self.path / parquet_file(table)
-            tmp = dst.with_name(f"{dst.name}.{os.getpid()}{TEMP_SUFFIX}")
-            try:
-                if src.stat().st_size == 0:
-                    raise ValueError("empty stream")
-                schema = arrow_schema(table, self.extra_int_columns)
-                # 4 MiB blocks: Arrow reads ahead several blocks, and with 16 MiB ones compacting a 19k-request
-                # replay doubled the process's peak memory (394 -> 860 MB); row groups stay ~20k rows.
-                reader = pj.open_json(src, read_options=pj.ReadOptions(block_size=4 << 20),
-                                      parse_options=pj.ParseOptions(explicit_schema=schema))
-                with pq.ParquetWriter(tmp, reader.schema) as out:
-                    for batch in reader:
-                        out.write_batch(batch)
-            except (ValueError, OSError):
-                df, _ = read_stream(src, table, columns, self.extra_int_columns)
-                df.to_parquet(tmp, index=False)
-            os.replace(tmp, dst)
+            with replaced_when_done(dst) as tmp:
+                try:
+                    if src.stat().st_size == 0:
+                        raise ValueError("empty stream")
+                    schema = arrow_schema(table, self.extra_int_columns)
+                    # 4 MiB blocks: Arrow reads ahead several blocks, and with 16 MiB ones compacting a 19k-request
+                    # replay doubled the process's peak memory (394 -> 860 MB); row groups stay ~20k rows.
+                    reader = pj.open_json(src, read_options=pj.ReadOptions(block_size=4 << 20),
+                                          parse_options=pj.ParseOptions(explicit_schema=schema))
+                    with pq.ParquetWriter(tmp, reader.schema) as out:
+                        for batch in reader:
+                            out.write_batch(batch)
+                except ValueError:  # pyarrow.ArrowInvalid: rows the schema cannot type
+                    df, _ = read_stream(src, table, columns, self.extra_int_columns)
+                    df.to_parquet(tmp, index=False)
             src.unlink()
