@@ -82,3 +82,85 @@ def test_the_tui_exits_non_zero_when_it_crashes(trace, monkeypatch):
     monkeypatch.setattr(StepscopeApp, "on_mount", crash)
     monkeypatch.setattr(StepscopeApp, "run", lambda self: run(self, headless=True))
     assert cli.main([str(trace)]) != 0
+
+
+def _copy(trace, tmp_path):
+    out = tmp_path / "copy"
+    out.mkdir()
+    for f in trace.iterdir():
+        (out / f.name).write_bytes(f.read_bytes())
+    return out
+
+
+@pytest.mark.parametrize("name", ["steps.parquet", "steps.jsonl"])
+def test_a_trace_file_that_is_a_link_to_an_endless_device_is_refused_in_one_line(trace, tmp_path, capsys, name):
+    damaged = _copy(trace, tmp_path)
+    (damaged / name).unlink(missing_ok=True)
+    if name == "steps.jsonl":
+        (damaged / "steps.parquet").unlink()
+    (damaged / name).symlink_to("/dev/zero")
+    from traces.__main__ import main
+
+    capsys.readouterr()
+    assert main(["export", str(damaged), "-o", str(tmp_path / "out.json")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{name}: not a regular file" in err[0]
+
+
+def test_spans_that_are_a_link_to_an_endless_device_are_refused(trace, tmp_path):
+    damaged = _copy(trace, tmp_path)
+    (damaged / "spans.jsonl").symlink_to("/dev/zero")
+    with pytest.raises(traces.TraceError, match="spans.jsonl: not a regular file"):
+        traces.load(damaged).spans
+
+
+def test_a_first_row_without_a_newline_is_not_read_whole_to_find_one(tmp_path):
+    from traces.streams import FIRST_ROW_BYTES, first_row_keys
+
+    stream = tmp_path / "steps.jsonl"
+    stream.write_bytes(b'{"step": ' + b"1" * (4 * FIRST_ROW_BYTES))
+    assert first_row_keys(stream) is None
+
+
+def _tui_refusal(trace, tmp_path, capsys, table, change) -> str:
+    from tui import cli
+
+    damaged = _rewrite(trace, tmp_path, table, change)
+    capsys.readouterr()
+    assert cli.main([str(damaged)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "Traceback" not in err[0], err
+    return err[0]
+
+
+@pytest.mark.parametrize("table, column", [("steps", "num_running"), ("decisions", "num_tokens"),
+                                           ("block_events", "block_ids"), ("block_snapshots", "holders")])
+def test_the_tui_refuses_a_null_where_it_needs_a_value_naming_table_and_column(trace, tmp_path, capsys,
+                                                                               table, column):
+    def null(df):
+        df[column] = None
+        return df
+
+    assert f"{table}.{column}: " in _tui_refusal(trace, tmp_path, capsys, table, null)
+
+
+def test_the_tui_refuses_block_ids_outside_the_pool(trace, tmp_path, capsys):
+    def far(df):
+        df.loc[0, "block_id"] = 10**9
+        return df
+
+    assert "outside the pool" in _tui_refusal(trace, tmp_path, capsys, "block_snapshots", far)
+
+
+def test_the_tui_shows_a_schedule_decision_whose_blocks_gained_is_null(trace, tmp_path):
+    from tui.loader import open_trace
+    from tui.model import RunIndex
+    from tui.views import scheduled_rows
+
+    def null(df):
+        df["blocks_gained"] = None
+        return df
+
+    run = RunIndex(open_trace(_rewrite(trace, tmp_path, "decisions", null)))
+    rows, _, _ = scheduled_rows(run, 0, None)
+    assert rows and all(row[5] == "" for row in rows)

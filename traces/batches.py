@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from traces.arrowstream import arrow_stream_file, iter_batches
-from traces.reader import TraceError, TraceWarning, _missing_column
-from traces.schema import TABLES, parquet_file, stream_file
+from traces.arrowstream import iter_batches
+from traces.reader import TraceError, TraceWarning, check_columns, table_paths
+from traces.schema import TABLES
 from traces.streams import first_row_keys, stream_batches
 
 # Rows per batch from Parquet: a few MB per column, so a step's worth of columns never adds up to much.
@@ -45,10 +45,7 @@ def table_batches(root: str | Path, table: str, columns: Sequence[str],
     import pyarrow as pa
 
     root = Path(root)
-    pq_path, stream = root / parquet_file(table), root / stream_file(table)
-    arrows = root / arrow_stream_file(table)
-    if arrows.is_file() and not stream.is_file():
-        stream = arrows
+    pq_path, stream, arrows = table_paths(root, table)
     if pq_path.is_file():
         try:
             return _parquet(pq_path, table, columns, dictionary)
@@ -64,7 +61,7 @@ def table_batches(root: str | Path, table: str, columns: Sequence[str],
         return _arrow_stream(arrows, columns)
     keys = first_row_keys(stream)
     if keys is not None:
-        _missing_column(stream, keys, TABLES[table])
+        check_columns(stream, keys, TABLES[table])
     try:
         batches, cut = stream_batches(stream, table, columns)
     except OSError as e:
@@ -80,7 +77,7 @@ def _parquet(path: Path, table: str, columns: Sequence[str], dictionary: Sequenc
 
     pf = pq.ParquetFile(path, read_dictionary=[c for c in dictionary if c in columns])
     names = pf.schema_arrow.names
-    _missing_column(path, names, TABLES[table])
+    check_columns(path, names, TABLES[table])
 
     def batches() -> Iterator[Any]:
         try:

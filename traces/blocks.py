@@ -7,6 +7,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from traces.frames import list_cell
+
 FREE, CACHED_FREE, HELD = "free", "cached", "held"
 
 
@@ -69,7 +71,7 @@ class BlockPoolIndex:
                 for b in ids:
                     holders[b].append(rid)
             elif kind == "cache":
-                for b, h in zip(ids, hs):
+                for b, h in zip(ids, list_cell(hs)):
                     cached[b] = True
                     hashes[b] = h
             elif kind == "free":

@@ -19,6 +19,14 @@ import pandas as pd
 STEP_ROW_TABLES = ("decisions", "block_events", "block_snapshots")
 
 
+def list_cell(v: Any) -> Any:
+    """A list cell (block ids, hashes, token ids) with a missing one as (): None from Parquet, pd.NA from
+    an Arrow-backed column, NaN from a column pandas built."""
+    if v is None or v is pd.NA or isinstance(v, float):
+        return ()
+    return v
+
+
 def clip_rows(tbl: Any, last_step: int | None) -> Any:
     """`tbl` without its rows of steps after `last_step` (None keeps all): a zero-copy slice when they are
     the tail, as the writers leave them, else a filter."""

@@ -3,6 +3,7 @@ file exporter writes them; read back into a flat DataFrame."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import pandas as pd
@@ -21,22 +22,29 @@ def _value(v: dict):
     return None
 
 
+def _requests(path: Path) -> Iterator[dict]:
+    """Each whole ExportTraceServiceRequest line; reading stops at a line cut short by a kill or a full disk."""
+    if not path.exists():
+        return
+    with open(path, "rb") as f:
+        for line in f:
+            try:
+                yield json.loads(line)
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                return
+
+
 def read_spans(path: Path, origin_ns: int | None) -> pd.DataFrame:
     """Flatten every span; start/end become seconds since `origin_ns` (the run's start) when given."""
     rows = []
-    if path.exists():
-        for line in path.read_text(encoding="utf-8").splitlines():
-            try:
-                req = json.loads(line)
-            except json.JSONDecodeError:
-                break
-            for rs in req.get("resourceSpans", []):
-                for ss in rs.get("scopeSpans", []):
-                    for s in ss.get("spans", []):
-                        start, end = int(s["startTimeUnixNano"]), int(s["endTimeUnixNano"])
-                        if origin_ns is not None:
-                            start, end = (start - origin_ns) / 1e9, (end - origin_ns) / 1e9
-                        rows.append({"name": s["name"], "trace_id": s.get("traceId"), "span_id": s.get("spanId"),
-                                     "parent_span_id": s.get("parentSpanId") or None, "start": start, "end": end,
-                                     "attributes": {a["key"]: _value(a["value"]) for a in s.get("attributes", [])}})
+    for req in _requests(path):
+        for rs in req.get("resourceSpans", []):
+            for ss in rs.get("scopeSpans", []):
+                for s in ss.get("spans", []):
+                    start, end = int(s["startTimeUnixNano"]), int(s["endTimeUnixNano"])
+                    if origin_ns is not None:
+                        start, end = (start - origin_ns) / 1e9, (end - origin_ns) / 1e9
+                    rows.append({"name": s["name"], "trace_id": s.get("traceId"), "span_id": s.get("spanId"),
+                                 "parent_span_id": s.get("parentSpanId") or None, "start": start, "end": end,
+                                 "attributes": {a["key"]: _value(a["value"]) for a in s.get("attributes", [])}})
     return pd.DataFrame(rows, columns=list(SPAN_COLUMNS))

@@ -56,7 +56,10 @@ class Trace:
         """Spans flattened from the OTLP JSON lines: name, ids, parent, start/end (s since run start), attributes."""
         from traces.otlp import read_spans
 
-        return read_spans(self.path / SPANS_FILE, self.meta.get("clock_origin_unix_ns"))
+        path = self.path / SPANS_FILE
+        if path.exists() and not path.is_file():
+            raise TraceError(f"{path}: not a regular file; spans must be one")
+        return read_spans(path, self.meta.get("clock_origin_unix_ns"))
 
     def __repr__(self) -> str:
         return (f"Trace({str(self.path)!r}, source={self.source}, steps={len(self.steps)}, "
@@ -89,7 +92,8 @@ def read_meta(root: Path) -> dict[str, Any]:
     return meta
 
 
-def _missing_column(path: Path, names: Iterable[str], required: Sequence[str]) -> None:
+def check_columns(path: Path, names: Iterable[str], required: Sequence[str]) -> None:
+    """A one-line TraceError naming the file and the required columns it lacks."""
     have = set(names)
     missing = [c for c in required if c not in have]
     if missing:
@@ -104,10 +108,24 @@ def _read_parquet(path: Path, table: str, columns: Sequence[str] | None, arrow_l
     import pyarrow.parquet as pq
 
     names = pq.read_schema(path).names
-    _missing_column(path, names, TABLES[table])
+    check_columns(path, names, TABLES[table])
     pf = pq.ParquetFile(path, read_dictionary=[c for c in categories if c in names])
     wanted = None if columns is None else [c for c in names if c in set(columns)]
     return arrow_to_frame(clip_rows(pf.read(columns=wanted), last_step), arrow_lists)
+
+
+def table_paths(root: Path, table: str) -> tuple[Path, Path, Path]:
+    """The table's Parquet file and its stream (the `.arrows` one of a batched writer where no `.jsonl`
+    is), and the `.arrows` path. A table file that is not a regular file (a FIFO, a link to /dev/zero)
+    is refused: its size says nothing and reading it might never end."""
+    pq_path, stream = root / parquet_file(table), root / stream_file(table)
+    arrows = root / arrow_stream_file(table)
+    for path in (pq_path, stream, arrows):
+        if path.exists() and not path.is_file():
+            raise TraceError(f"{path}: not a regular file; a trace table must be one")
+    if arrows.is_file() and not stream.is_file():
+        stream = arrows
+    return pq_path, stream, arrows
 
 
 def _read_table(root: Path, table: str, columns: Sequence[str] | None, arrow_lists: bool,
@@ -115,10 +133,7 @@ def _read_table(root: Path, table: str, columns: Sequence[str] | None, arrow_lis
                 last_step: int | None = None) -> tuple[pd.DataFrame, bool]:
     import pyarrow as pa
 
-    pq_path, stream = root / parquet_file(table), root / stream_file(table)
-    arrows = root / arrow_stream_file(table)  # a batched writer's stream (traces/arrowstream.py)
-    if arrows.is_file() and not stream.is_file():
-        stream = arrows
+    pq_path, stream, arrows = table_paths(root, table)
     if pq_path.is_file():
         try:
             return _read_parquet(pq_path, table, columns, arrow_lists, categories, last_step), False
@@ -134,7 +149,7 @@ def _read_table(root: Path, table: str, columns: Sequence[str] | None, arrow_lis
                                  categories=categories, last_step=last_step)
     keys = first_row_keys(stream)
     if keys is not None:
-        _missing_column(stream, keys, TABLES[table])
+        check_columns(stream, keys, TABLES[table])
     try:
         df, cut = read_stream(stream, table, TABLES[table], arrow_lists=arrow_lists, only=columns,
                               categories=categories, last_step=last_step)

@@ -145,12 +145,17 @@ def _read_rows(path: Path, data: bytes, columns: tuple[str, ...]) -> pd.DataFram
     return df.reindex(columns=[*columns, *extra])
 
 
+# The first row is read this far at most: a stream without a newline in it is not read whole to find one.
+FIRST_ROW_BYTES = 1 << 20
+
+
 def first_row_keys(path: Path) -> set[str] | None:
-    """Column names of a stream's first row (None for an empty stream): enough to see a missing column."""
+    """Column names of a stream's first row (None for an empty stream, or a first row too long to check
+    here): enough to see a missing column."""
     if not path.exists():
         return None
     with open(path, "rb") as f:
-        line = f.readline()
+        line = f.readline(FIRST_ROW_BYTES)
     try:
         row = orjson.loads(line)
     except orjson.JSONDecodeError:

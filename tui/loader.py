@@ -5,11 +5,20 @@ from __future__ import annotations
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from traces import Trace, TraceError, load
 from traces.schema import STEP_COLUMNS
 
 REQUIRED_STEP_COLUMNS = STEP_COLUMNS[:12]
+# What the TUI shows as counts, ids and block lists: a null in one of these has nothing it could mean.
+NOT_NULL = {
+    "steps": REQUIRED_STEP_COLUMNS,
+    "requests": ("request_id", "arrival", "num_prompt_tokens"),
+    "decisions": ("step", "request_id", "event", "num_tokens", "prefix_hit_tokens"),
+    "block_events": ("step", "seq", "kind", "request_id", "block_ids"),
+    "block_snapshots": ("step", "block_id", "holders", "cached"),
+}
 
 
 def open_trace(path: str | Path) -> Trace:
@@ -25,4 +34,27 @@ def open_trace(path: str | Path) -> Trace:
     missing = [c for c in REQUIRED_STEP_COLUMNS if c not in trace.steps.columns]
     if missing:
         raise TraceError(f"{root}: steps table lacks {', '.join(missing)}")
+    _check_cells(root, trace)
     return trace
+
+
+def _check_cells(root: Path, trace: Trace) -> None:
+    """Refuse, in one line naming the table and column, a trace the TUI would misdraw or fail on midway:
+    nulls where it needs a value, requests missing for the decisions, block ids outside the pool."""
+    for table, columns in NOT_NULL.items():
+        df = getattr(trace, table)
+        for c in columns:
+            if c in df.columns and (n := int(df[c].isna().sum())):
+                raise TraceError(f"{root}: {table}.{c}: {n} of {len(df)} rows are null")
+    if len(trace.decisions) and not len(trace.requests):
+        raise TraceError(f"{root}: requests: no readable rows, while decisions name {trace.decisions.request_id.nunique()}")
+    if len(trace.steps):
+        pool = int(trace.steps["kv_blocks_total"].max()) + 1
+        for table, column in (("block_events", "block_ids"), ("block_snapshots", "block_id")):
+            ids = pa.table({column: getattr(trace, table)[column]})[column]
+            if pa.types.is_list(ids.type) or pa.types.is_large_list(ids.type):
+                ids = pc.list_flatten(ids)
+            lo, hi = pc.min_max(ids).values()
+            if lo.as_py() is not None and (lo.as_py() < 0 or hi.as_py() >= pool):
+                raise TraceError(f"{root}: {table}.{column}: block ids {lo.as_py()}..{hi.as_py()} outside the pool "
+                                 f"of {pool} blocks (steps.kv_blocks_total)")

@@ -15,6 +15,7 @@ import pyarrow as pa
 from traces import Trace
 from traces.blocks import BlockInfo, BlockPoolIndex
 from traces.describe import describe_run
+from traces.frames import list_cell
 from tui.queues import QueueIndex
 
 
@@ -210,7 +211,7 @@ class RunIndex:
                 out.append(LifecycleEvent(t, int(r.step), str(r.phase),
                                           f"{n} token{'s' * (n != 1)}, {done}->{done + n} of {total}{hit}"))
             else:
-                freed = len(r.blocks_freed) if r.blocks_freed is not None else 0
+                freed = len(list_cell(r.blocks_freed))
                 why = f" ({r.finish_reason})" if isinstance(r.finish_reason, str) else ""
                 if isinstance(getattr(r, "preempted_for", None), str):  # traces since the column exists
                     whom = "itself" if r.preempted_for == rid else r.preempted_for

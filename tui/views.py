@@ -12,6 +12,7 @@ from rich.text import Text
 from traces.summary import format_summary
 from tui import reasons
 from tui.compare import Comparison
+from traces.frames import list_cell
 from tui.model import RunIndex, as_float, as_int
 from tui.queues import admissions
 from tui.widgets.vtable import Cell, Column
@@ -38,7 +39,7 @@ def ms(seconds: float) -> str:
 
 
 def block_list(ids: Any) -> str:
-    ids = [] if ids is None else list(ids)
+    ids = list(list_cell(ids))
     return f"{len(ids)} [{' '.join(map(str, ids))}]" if ids else ""
 
 
