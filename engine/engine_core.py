@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from engine.config import DEFAULT_CPU_KV_CACHE_MEMORY, EngineConfig
 from engine.core.outputs import EngineCoreOutputs
-from engine.core.request import Request, RequestStatus
+from engine.core.request import RefusedRequest, Request, RequestStatus
 from engine.core.sampling_params import SamplingParams
 from engine.core.async_scheduler import make_scheduler
 from engine.core.step_cycle import StepCycle
@@ -149,11 +149,14 @@ class EngineCore:
         self.cycle.add_request(req)
 
     def record_rejection(self, request_id: str, prompt_token_ids: list[int], arrival_time: float,
-                         reason: str) -> None:
-        """A request the frontend refused (bad prompt or params) still belongs in the trace."""
+                         reason: str, num_prompt_tokens: int | None = None) -> None:
+        """A request the frontend refused (bad prompt or params) still belongs in the trace, with its
+        prompt's length where its ids were never made."""
         if self.trace is None:
             return
-        req = Request(request_id, prompt_token_ids, SamplingParams(max_tokens=None), arrival_time=arrival_time)
+        params = SamplingParams(max_tokens=None)
+        req = (Request(request_id, prompt_token_ids, params, arrival_time=arrival_time) if num_prompt_tokens is None
+               else RefusedRequest(request_id, num_prompt_tokens, params, arrival_time=arrival_time))
         req.status = RequestStatus.FINISHED_ERROR
         req.error = reason
         req.queued_time = req.finished_time = self.clock()
@@ -202,8 +205,8 @@ class InprocClient:
                                             obs.overwrite_trace)
 
     def record_rejection(self, request_id: str, prompt_token_ids: list[int], arrival_time: float,
-                         reason: str) -> None:
-        self.engine_core.record_rejection(request_id, prompt_token_ids, arrival_time, reason)
+                         reason: str, num_prompt_tokens: int | None = None) -> None:
+        self.engine_core.record_rejection(request_id, prompt_token_ids, arrival_time, reason, num_prompt_tokens)
 
     def update_trace_meta(self, **fields) -> None:
         if self.engine_core.trace is not None:

@@ -17,6 +17,7 @@ class InputProcessor:
         self.eos_token_id = config.model_config.eos_token_id
         self.why_no_tokenizer = ("the engine was started with skip_tokenizer_init=True"
                                  if config.model_config.skip_tokenizer_init else "this model has none")
+        self.max_prompt_chars = None if tokenizer is None else self.max_model_len * _max_token_chars(tokenizer) * 4
 
     def process_inputs(self, request_id: str, prompt: str | dict, params: SamplingParams | None,
                        arrival_time: float | None = None, priority: int = 0) -> tuple[EngineCoreRequest, str | None]:
@@ -47,15 +48,24 @@ class InputProcessor:
         bad = [t for t in ids if not 0 <= t < self.vocab_size]
         if bad:
             raise ValueError(f"prompt_token_ids: {bad[0]} is outside the vocabulary [0, {self.vocab_size})")
-        if len(ids) > self.max_model_len:
-            raise ValueError(f"prompt: {len(ids)} tokens is longer than max_model_len={self.max_model_len}")
+        self._check_length(len(ids))
         return params, text, ids
+
+    def length_error(self, num_tokens: int) -> str:
+        return f"prompt: {num_tokens} tokens is longer than max_model_len={self.max_model_len}"
+
+    def _check_length(self, num_tokens: int) -> None:
+        if num_tokens > self.max_model_len:
+            raise ValueError(self.length_error(num_tokens))
 
     def _tokens(self, prompt: str | dict) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise ValueError(f"prompt: text needs a tokenizer and {self.why_no_tokenizer}; "
                                  f"pass {{'prompt_token_ids': [...]}}")
+            if len(prompt) > self.max_prompt_chars:
+                raise ValueError(f"prompt: {len(prompt):,} characters are more tokens than max_model_len="
+                                 f"{self.max_model_len} whatever they say; not tokenized")
             try:
                 return prompt, self.tokenizer.encode(prompt, add_special_tokens=False)
             except (TypeError, ValueError) as e:  # e.g. a lone surrogate, which no UTF-8 tokenizer takes
@@ -66,9 +76,17 @@ class InputProcessor:
                 ids = ids.tolist()
             if not isinstance(ids, (list, tuple)):
                 raise ValueError(f"prompt_token_ids: must be a list of ints, got {type(ids).__name__}")
+            self._check_length(len(ids))  # before a Python int per token is made
             plain = [as_int(t) for t in ids]
             if None in plain:
                 i = plain.index(None)
                 raise ValueError(f"prompt_token_ids[{i}]: {ids[i]!r} is not a token id (an int, not a bool)")
             return prompt.get("prompt"), plain
         raise ValueError(f"prompt: expected a string or {{'prompt_token_ids': [...]}}, got {type(prompt).__name__}")
+
+
+def _max_token_chars(tokenizer: Any) -> int:
+    """The most characters of text one token stands for: no token covers more characters than its own
+    string has (a byte-level token's characters are bytes; a metaspace token's include its space). The
+    prompt bound above allows 4x that, for normalizers that shrink the text before it is split."""
+    return max(map(len, tokenizer.get_vocab()), default=1)

@@ -46,17 +46,26 @@ class LLMEngine:
         except ValueError as e:
             ids = prompt.get("prompt_token_ids", []) if isinstance(prompt, dict) else []
             ids = [t for t in map(as_int, ids) if t is not None] if isinstance(ids, (list, tuple)) else []
-            arrival = time.monotonic() if arrival_time is None else arrival_time
-            self._rejected.append(RequestOutput(
-                request_id=request_id, prompt=prompt if isinstance(prompt, str) else None, prompt_token_ids=ids,
-                outputs=[CompletionOutput(index=0, text="", token_ids=[], finish_reason="error", stop_reason=str(e))],
-                finished=True, metrics=RequestMetrics(arrival), error=str(e)))
-            self.engine_core.record_rejection(request_id, ids, arrival, str(e))
+            self.reject_request(request_id, str(e), arrival_time, prompt if isinstance(prompt, str) else None, ids)
             return False
         self.output_processor.add_request(request_id, text, request.prompt_token_ids, request.sampling_params,
                                           request.arrival_time)
         self.engine_core.add_request(request)
         return True
+
+    def reject_request(self, request_id: str, reason: str, arrival_time: float | None = None,
+                       prompt: str | None = None, prompt_token_ids: list[int] | None = None,
+                       num_prompt_tokens: int | None = None) -> None:
+        """End a request the engine will not serve as a finished error output (returned by the next
+        `step`), recorded in the trace. `num_prompt_tokens` stands for ids that were never made (a prompt
+        refused for its length)."""
+        ids = prompt_token_ids or []
+        arrival = time.monotonic() if arrival_time is None else arrival_time
+        self._rejected.append(RequestOutput(
+            request_id=request_id, prompt=prompt, prompt_token_ids=ids,
+            outputs=[CompletionOutput(index=0, text="", token_ids=[], finish_reason="error", stop_reason=reason)],
+            finished=True, metrics=RequestMetrics(arrival), error=reason))
+        self.engine_core.record_rejection(request_id, ids, arrival, reason, num_prompt_tokens)
 
     def step(self) -> list[RequestOutput]:
         """One engine step; returns the requests that finished in it."""

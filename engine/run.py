@@ -27,7 +27,8 @@ def run_workload(engine, workload, time_scale: float = 1.0, max_requests: int | 
                  progress: bool = True) -> RunResult:
     """Drive the engine with the workload; Ctrl-C stops submitting and ends the run cleanly."""
     vocab = engine.config.model_config.hf_config.vocab_size
-    stream = workload.requests(vocab_size=vocab, limit=max_requests, time_scale=time_scale)
+    stream = workload.requests(vocab_size=vocab, limit=max_requests, time_scale=time_scale,
+                               max_prompt_tokens=engine.config.model_config.max_model_len)
     nxt = next(stream, None)
     start = time.monotonic()
     submitted = 0
@@ -38,9 +39,13 @@ def run_workload(engine, workload, time_scale: float = 1.0, max_requests: int | 
         while True:
             now = time.monotonic()
             while nxt is not None and start + nxt.arrival <= now:
-                engine.add_request(nxt.request_id, {"prompt_token_ids": nxt.prompt_token_ids},
-                                   SamplingParams(max_tokens=nxt.max_tokens, temperature=0.0, ignore_eos=True),
-                                   arrival_time=start + nxt.arrival)
+                if nxt.prompt_token_ids is None:  # too long: its ids were never made
+                    engine.reject_request(nxt.request_id, engine.input_processor.length_error(nxt.num_prompt_tokens),
+                                          start + nxt.arrival, num_prompt_tokens=nxt.num_prompt_tokens)
+                else:
+                    engine.add_request(nxt.request_id, {"prompt_token_ids": nxt.prompt_token_ids},
+                                       SamplingParams(max_tokens=nxt.max_tokens, temperature=0.0, ignore_eos=True),
+                                       arrival_time=start + nxt.arrival)
                 submitted += 1
                 nxt = next(stream, None)
             if engine.has_unfinished_requests():

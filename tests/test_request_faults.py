@@ -25,3 +25,63 @@ def test_generate_after_shutdown_is_refused():
     llm.shutdown()
     with pytest.raises(RuntimeError, match="shut down"):
         llm.generate(["x"], GREEDY, use_tqdm=False)
+
+
+def test_a_text_prompt_too_long_to_fit_is_refused_before_it_is_tokenized(llm, monkeypatch):
+    def no_tokenizing(*_a, **_k):
+        raise AssertionError("tokenized")
+
+    huge = "word " * (llm.llm_engine.input_processor.max_prompt_chars // 5 + 1)
+    monkeypatch.setattr(llm.llm_engine.input_processor.tokenizer, "encode", no_tokenizing)
+    out = llm.generate([huge], GREEDY, use_tqdm=False)[0]
+    assert out.outputs[0].finish_reason == "error" and "not tokenized" in out.error
+
+
+def test_the_prompt_bound_never_refuses_a_text_that_fits(llm):
+    text = "x" * llm.llm_engine.input_processor.max_prompt_chars
+    n = len(llm.get_tokenizer().encode(text, add_special_tokens=False))
+    out = llm.generate([text], GREEDY, use_tqdm=False)[0]
+    assert "not tokenized" not in (out.error or "") and (out.error is None) == (n <= 4096)
+
+
+LONG = """
+name: long
+seed: 1
+num_requests: 12
+arrival: {process: poisson, rate: 50}
+prompt_tokens: {dist: empirical, values: [30000000, 5000, 40], weights: [1, 1, 4]}
+output_tokens: {dist: fixed, value: 2}
+"""
+
+
+def _long_workload(tmp_path):
+    from workloads import load_workload
+
+    (tmp_path / "long.yaml").write_text(LONG)
+    return load_workload(tmp_path / "long.yaml")
+
+
+def test_a_workload_prompt_over_the_cap_comes_without_ids_and_the_others_are_unchanged(tmp_path):
+    workload = _long_workload(tmp_path)
+    capped = list(workload.requests(vocab_size=4096, max_prompt_tokens=4096))
+    refused = [r for r in capped if r.prompt_token_ids is None]
+    assert {r.num_prompt_tokens for r in refused} == {30_000_000, 5000}
+    whole = [r for r in workload.requests(vocab_size=4096) if r.num_prompt_tokens <= 5000]
+    assert [(r.request_id, r.prompt_token_ids) for r in capped if r.prompt_token_ids is not None] == \
+        [(r.request_id, r.prompt_token_ids) for r in whole if r.num_prompt_tokens <= 4096]
+
+
+def test_engine_run_refuses_an_over_long_workload_prompt_with_its_true_length(tmp_path):
+    import traces
+    from engine.config import EngineArgs
+    from engine.llm_engine import LLMEngine
+    from engine.run import run_workload
+
+    engine = LLMEngine.from_engine_args(EngineArgs(device="cpu", trace=str(tmp_path / "t")))
+    run_workload(engine, _long_workload(tmp_path), progress=False)
+    engine.shutdown()
+    req = traces.load(tmp_path / "t").requests.set_index("request_id")
+    errors = req[req["finish_reason"] == "error"]
+    assert set(errors["num_prompt_tokens"]) == {30_000_000, 5000}
+    assert all("longer than max_model_len=4096" in e for e in errors["error"])
+    assert (req["finish_reason"] != "error").sum() == len(req) - len(errors) > 0

@@ -33,12 +33,15 @@ Chunk = tuple[np.ndarray, np.ndarray, np.ndarray, list[list[int]] | None, list[l
 
 @dataclass(slots=True)
 class WorkloadRequest:
-    """One request as both `engine run` and `sim replay` submit it."""
+    """One request as both `engine run` and `sim replay` submit it. `prompt_token_ids` is None for a
+    prompt longer than the `max_prompt_tokens` its stream was asked for: such a request can only be
+    refused, and its ids are never made."""
 
     request_id: str
     arrival: float
-    prompt_token_ids: list[int]
+    prompt_token_ids: list[int] | None
     max_tokens: int
+    num_prompt_tokens: int
 
 
 def _rng(seed: int, *key: int) -> np.random.Generator:
@@ -146,24 +149,36 @@ class BlockTable:
         return np.concatenate(blocks)[:length].tolist() if blocks else []
 
 
-def _token_lists(rng: np.random.Generator, lengths: list[int], vocab_size: int) -> Iterator[list[int]]:
-    """Each request's own token ids, drawn in bulk runs of about TOKEN_RUN ids (one numpy call per run)."""
-    ends = np.cumsum(lengths)
+def _token_lists(seed: int, chunk_no: int, lengths: list[int], vocab_size: int,
+                 refused: list[bool]) -> Iterator[list[int] | None]:
+    """Each request's own token ids, drawn in bulk runs of about TOKEN_RUN ids (one numpy call per run).
+    A request longer than TOKEN_RUN draws from a stream of its own, so a `refused` one (None) costs
+    nothing, and the others' ids do not depend on which are refused."""
+    rng = _rng(seed, _TOKENS, chunk_no)
+    bulk = [n if n <= TOKEN_RUN else 0 for n in lengths]
+    ends = np.cumsum(bulk)
     start = 0
     while start < len(lengths):
         base = int(ends[start - 1]) if start else 0
         stop = max(start + 1, int(np.searchsorted(ends, base + TOKEN_RUN, side="right")))
         ids = rng.integers(FIRST_TOKEN_ID, vocab_size, int(ends[stop - 1]) - base, dtype=np.int64).tolist()
         offset = 0
-        for n in lengths[start:stop]:
-            yield ids[offset:offset + n]
-            offset += n
+        for j in range(start, stop):
+            n = lengths[j]
+            if refused[j]:
+                yield None
+            elif n > TOKEN_RUN:
+                yield _rng(seed, _TOKENS, chunk_no, j).integers(FIRST_TOKEN_ID, vocab_size, n, dtype=np.int64).tolist()
+            else:
+                yield ids[offset:offset + n]
+            offset += bulk[j]
         start = stop
 
 
 def stream_requests(spec: WorkloadSpec, trace_path: Path | None, vocab_size: int, limit: int | None,
-                    time_scale: float) -> Iterator[WorkloadRequest]:
-    """The workload's requests in arrival order, built one chunk at a time."""
+                    time_scale: float, max_prompt_tokens: int | None = None) -> Iterator[WorkloadRequest]:
+    """The workload's requests in arrival order, built one chunk at a time; a prompt longer than
+    `max_prompt_tokens` comes without its ids (see WorkloadRequest)."""
     caps = [c for c in (spec.num_requests, limit) if c is not None]
     cap = min(caps) if caps else None
     scale, seed, prefix = spec.length_scale, spec.seed, spec.prefix
@@ -188,19 +203,21 @@ def stream_requests(spec: WorkloadSpec, trace_path: Path | None, vocab_size: int
             head = np.minimum(prompt_len, [len(h) * blocks.block_tokens for h in hashes])
         else:
             head = np.zeros(n, dtype=np.int64)
+        refused = (prompt_len > max_prompt_tokens if max_prompt_tokens is not None else np.zeros(n, bool)).tolist()
         if given is not None:  # the trace's real prompts, cut to a scaled length: shared prefixes stay shared
-            tails = iter([p[:k] for p, k in zip(given, prompt_len.tolist())])
+            tails = iter([None if no else p[:k] for p, k, no in zip(given, prompt_len.tolist(), refused)])
         else:
-            tails = _token_lists(_rng(seed, _TOKENS, chunk_no), (prompt_len - head).tolist(), vocab_size)
-        for j, (t, out, g, h) in enumerate(zip(arrivals.tolist(), output_len.tolist(), group.tolist(), head.tolist())):
+            tails = _token_lists(seed, chunk_no, (prompt_len - head).tolist(), vocab_size, refused)
+        for j, (t, out, g, h, n_prompt) in enumerate(zip(arrivals.tolist(), output_len.tolist(), group.tolist(),
+                                                         head.tolist(), prompt_len.tolist())):
             if (cap is not None and index >= cap) or (spec.duration is not None and t > spec.duration):
                 return
             ids = next(tails)
-            if g >= 0:
+            if ids is not None and g >= 0:
                 if g not in prefixes:
                     prefixes[g] = _rng(seed, _GROUP, g).integers(FIRST_TOKEN_ID, vocab_size, prefix_len).tolist()
                 ids = prefixes[g] + ids
-            elif h:
+            elif ids is not None and h:
                 ids = blocks.tokens(hashes[j], h) + ids
-            yield WorkloadRequest(f"w{index}", t * time_scale, ids, out)
+            yield WorkloadRequest(f"w{index}", t * time_scale, ids, out, n_prompt)
             index += 1

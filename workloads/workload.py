@@ -44,16 +44,17 @@ class Workload:
             n = rows if n is None else min(n, rows)
         return n if limit is None or n is None else min(n, limit)
 
-    def requests(self, vocab_size: int = 32000, limit: int | None = None,
-                 time_scale: float = 1.0) -> Iterator[WorkloadRequest]:
-        """A stream (generator) of requests in arrival order; arrivals are multiplied by `time_scale`."""
+    def requests(self, vocab_size: int = 32000, limit: int | None = None, time_scale: float = 1.0,
+                 max_prompt_tokens: int | None = None) -> Iterator[WorkloadRequest]:
+        """A stream (generator) of requests in arrival order; arrivals are multiplied by `time_scale`. A
+        prompt longer than `max_prompt_tokens` comes without its token ids, which are never made."""
         if vocab_size <= FIRST_TOKEN_ID:
             raise ValueError(f"vocab_size must be > {FIRST_TOKEN_ID}, got {vocab_size}")
         if limit is not None and limit < 0:
             raise ValueError(f"limit must be >= 0, got {limit}")
         if not time_scale > 0:
             raise ValueError(f"time_scale must be > 0, got {time_scale}")
-        return stream_requests(self.spec, self.trace_path, vocab_size, limit, time_scale)
+        return stream_requests(self.spec, self.trace_path, vocab_size, limit, time_scale, max_prompt_tokens)
 
     def scaled(self, num_requests: int | None = None, length_factor: float | None = None,
                rate_factor: float | None = None) -> Workload:

@@ -166,6 +166,21 @@ def append_output_tokens(req: Request, new_ids: list[int], max_model_len: int) -
     return new_ids, False
 
 
+class RefusedRequest(Request):
+    """A request refused before its prompt's ids were made (too long to serve): it knows their number only."""
+
+    __slots__ = ("_num_prompt_tokens",)
+
+    def __init__(self, request_id: str, num_prompt_tokens: int, sampling_params: SamplingParams,
+                 arrival_time: float = 0.0) -> None:
+        super().__init__(request_id, [], sampling_params, arrival_time=arrival_time)
+        self._num_prompt_tokens = num_prompt_tokens
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return self._num_prompt_tokens
+
+
 def admission_error(req: Request, max_model_len: int, block_size: int, num_usable_blocks: int) -> str | None:
     """Why `req` could never run, or None: such a request is rejected when added, not left to stall the
     queue. `max_tokens` is already set (the scheduler fills in a missing one)."""
