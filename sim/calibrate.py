@@ -28,6 +28,7 @@ from sim.cost_models.parts import PART_TERMS, PARTS, TERM_UNITS, batch_range, pa
 from sim.cost_models.residuals import level_quantile, levels_from, residual_table, run_levels
 from sim.cost_models.roofline import DTYPE_BYTES, effective_from_coefficients, model_shape
 from sim.fit import fit_mean_law, part_stats, ratios
+from traces.files import replaced_when_done
 from sim.intake import fit_intake
 from traces import Trace, load
 
@@ -276,9 +277,13 @@ def main_calibrate(argv: list[str] | None = None) -> int:
         if not out.parent.is_dir():
             raise ValueError(f"{out}: directory {out.parent} does not exist")
         profile, fit_warns = calibrate([_load(p, warns) for p in args.traces])
-        out.write_text(json.dumps(profile, indent=2, default=str) + "\n")
-    except (ValueError, OSError) as e:
+        with replaced_when_done(out) as tmp:  # a full disk never leaves half of it over the old one
+            tmp.write_text(json.dumps(profile, indent=2, default=str) + "\n")
+    except ValueError as e:
         print(f"sim calibrate: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(f"sim calibrate: error: {e.filename or out}: {e.strerror or e}", file=sys.stderr)
         return 2
     for w in warns + fit_warns:
         print(f"sim calibrate: warning: {w}", file=sys.stderr)

@@ -205,3 +205,17 @@ def test_cli_summary_prints_the_run_summary(dirs, capsys):
     assert main(["summary", str(dirs["sim"])]) == 0
     out = capsys.readouterr().out
     assert out.startswith("requests: 6 finished of 6") and "preemptions:" in out
+
+
+def test_the_streamed_export_holds_the_same_events_as_the_document_in_memory(dirs, doc):
+    expected = to_perfetto([traces.load(dirs["engine"]), traces.load(dirs["sim"])])
+    assert doc == json.loads(json.dumps(expected))
+
+
+def test_an_export_that_fails_midway_leaves_no_file_and_keeps_an_old_one(dirs, tmp_path):
+    out = tmp_path / "trace.json"
+    out.write_text("the user's earlier export")
+    with pytest.raises(traces.TraceError):
+        export_perfetto([dirs["engine"], tmp_path / "not-a-trace"], out)
+    assert out.read_text() == "the user's earlier export"
+    assert [p.name for p in tmp_path.iterdir()] == ["trace.json"]

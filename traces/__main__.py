@@ -27,8 +27,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "export":
             from traces.perfetto import export_perfetto
 
-            doc = export_perfetto(args.trace_dirs, args.output)
-            print(f"wrote {args.output}: {len(doc['traceEvents'])} events from {len(args.trace_dirs)} trace(s)")
+            n = export_perfetto(args.trace_dirs, args.output)
+            print(f"wrote {args.output}: {n} events from {len(args.trace_dirs)} trace(s)")
         else:
             from traces.summary import trace_summary
 

@@ -22,14 +22,15 @@ Times are microseconds since the run's start, snapped to whole nanoseconds so th
 """
 from __future__ import annotations
 
-import json
 import math
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
-from collections.abc import Iterable
 
+import orjson
 import pandas as pd
 
+from traces.files import replaced_when_done
 from traces.reader import Trace, load
 
 STEPS_TID, PREFILL_TID, DECODE_TID, MIXED_TID, PREEMPT_TID, STARTUP_TID, OVERLAP_TID = 1, 2, 3, 4, 5, 6, 7
@@ -105,11 +106,16 @@ def _counter(pid: int, name: str, ts_ns: int, values: dict[str, Any]) -> dict[st
     return {"ph": "C", "pid": pid, "tid": STEPS_TID, "name": name, "ts": _us(ts_ns), "args": args} if args else None
 
 
-def _step_events(pid: int, steps: pd.DataFrame) -> list[dict[str, Any]]:
-    events: list[dict[str, Any]] = []
-    rows = steps.to_dict("records")
+def _records(df: pd.DataFrame, rows: int = 1 << 15) -> Iterator[dict[str, Any]]:
+    """The frame's rows as dicts, a slice at a time: a million-row table never becomes a million dicts."""
+    for lo in range(0, len(df), rows):
+        yield from df.iloc[lo:lo + rows].to_dict("records")
+
+
+def _step_events(pid: int, steps: pd.DataFrame) -> Iterator[dict[str, Any]]:
+    starts = steps["start"].tolist() if len(steps) else []
     track_end: dict[int, int] = {}
-    for i, row in enumerate(rows):
+    for i, row in enumerate(_records(steps)):
         start, end = _ns(row.get("start")), _ns(row.get("end"))
         if start is None or end is None:
             continue
@@ -118,7 +124,7 @@ def _step_events(pid: int, steps: pd.DataFrame) -> list[dict[str, Any]]:
         args = _args((k, row.get(col)) for k, col in STEP_ARGS.items())
         lane = STEPS_TID if start >= track_end.get(STEPS_TID, start) else OVERLAP_TID
         track_end[lane] = end
-        events.append(_slice(pid, lane, name, start, end, args))
+        yield _slice(pid, lane, name, start, end, args)
         t = start
         for phase, col in PHASES:
             dur = _ns(row.get(col))
@@ -126,25 +132,24 @@ def _step_events(pid: int, steps: pd.DataFrame) -> list[dict[str, Any]]:
                 break
             if dur <= 0 or t >= end:
                 continue
-            events.append(_slice(pid, lane, phase, t, min(t + dur, end), cat="phase"))
+            yield _slice(pid, lane, phase, t, min(t + dur, end), cat="phase")
             t = min(t + dur, end)
         tid = _composition_tid(args.get("prefill_tokens", 0), args.get("decode_tokens", 0))
         if tid is not None:
-            events.append(_slice(pid, tid, name, max(start, track_end.get(tid, start)), end, args))
+            yield _slice(pid, tid, name, max(start, track_end.get(tid, start)), end, args)
             track_end[tid] = end
         used, total = _value(row.get("kv_blocks_used")), _value(row.get("kv_blocks_total"))
         pct = 100.0 * used / total if used is not None and total else None
-        events += [c for c in (
+        yield from (c for c in (
             _counter(pid, "KV cache blocks", start, {"used": used, "total": total}),
             _counter(pid, "KV cache usage %", start, {"percent": pct}),
             _counter(pid, "queue", start, {"running": row.get("num_running"), "waiting": row.get("num_waiting")}),
             _counter(pid, "tokens scheduled", start, {"prefill": row.get("num_prefill_tokens"),
                                                       "decode": row.get("num_decode_tokens")}),
-        ) if c is not None]
-        nxt = _ns(rows[i + 1].get("start")) if i + 1 < len(rows) else None
+        ) if c is not None)
+        nxt = _ns(starts[i + 1]) if i + 1 < len(starts) else None
         if nxt is None or nxt > end:  # the batch is empty between steps
-            events.append(_counter(pid, "tokens scheduled", end, {"prefill": 0, "decode": 0}))
-    return events
+            yield _counter(pid, "tokens scheduled", end, {"prefill": 0, "decode": 0})
 
 
 def _last_seen(trace: Trace) -> dict[str, int]:
@@ -157,10 +162,9 @@ def _last_seen(trace: Trace) -> dict[str, int]:
     return {rid: ns for rid, step in last.items() if step in ends.index and (ns := _ns(ends[step])) is not None}
 
 
-def _request_events(pid: int, trace: Trace) -> list[dict[str, Any]]:
-    events: list[dict[str, Any]] = []
+def _request_events(pid: int, trace: Trace) -> Iterator[dict[str, Any]]:
     last_seen = _last_seen(trace)
-    for row in trace.requests.to_dict("records"):
+    for row in _records(trace.requests):
         rid = str(row["request_id"])
         arrival = _ns(row.get("arrival"))
         if arrival is None:
@@ -173,7 +177,7 @@ def _request_events(pid: int, trace: Trace) -> list[dict[str, Any]]:
         end = max(end, arrival)
         base = {"pid": pid, "tid": STEPS_TID, "cat": "request", "id2": {"local": rid}}
         args = _args([("request_id", rid), *((k, row.get(k)) for k in REQUEST_ARGS)])
-        events.append({**base, "ph": "b", "name": "request", "ts": _us(arrival), "args": args})
+        yield {**base, "ph": "b", "name": "request", "ts": _us(arrival), "args": args}
         bounds, prev = [arrival, *marks[:2], end], arrival
         for name, lo, hi in zip(("queued", "prefill", "decode"), bounds, bounds[1:]):
             if lo is None:
@@ -181,30 +185,27 @@ def _request_events(pid: int, trace: Trace) -> list[dict[str, Any]]:
             lo = min(max(lo, prev), end)
             hi = end if hi is None else min(max(hi, lo), end)
             prev = hi
-            events.append({**base, "ph": "b", "name": name, "ts": _us(lo)})
-            events.append({**base, "ph": "e", "name": name, "ts": _us(hi)})
+            yield {**base, "ph": "b", "name": name, "ts": _us(lo)}
+            yield {**base, "ph": "e", "name": name, "ts": _us(hi)}
             if hi == end:
                 break
-        events.append({**base, "ph": "e", "name": "request", "ts": _us(end)})
-    return events
+        yield {**base, "ph": "e", "name": "request", "ts": _us(end)}
 
 
-def _preemption_events(pid: int, trace: Trace) -> list[dict[str, Any]]:
+def _preemption_events(pid: int, trace: Trace) -> Iterator[dict[str, Any]]:
     d = trace.decisions
     if not len(d) or not len(trace.steps):
-        return []
+        return
     starts = trace.steps.set_index("step")["start"]
-    events = []
-    for row in d[d["event"] == "preempt"].to_dict("records"):
+    for row in _records(d[d["event"] == "preempt"]):
         ts = _ns(starts.get(row["step"]))
         if ts is None:
             continue
         freed = row.get("blocks_freed")
         args = _args([("request_id", str(row["request_id"])), ("step", row["step"]),
                       ("blocks_freed", len(freed) if freed is not None else None)])
-        events.append({"ph": "i", "s": "t", "pid": pid, "tid": PREEMPT_TID, "cat": "scheduler",
-                       "name": f"preempt {row['request_id']}", "ts": _us(ts), "args": args})
-    return events
+        yield {"ph": "i", "s": "t", "pid": pid, "tid": PREEMPT_TID, "cat": "scheduler",
+               "name": f"preempt {row['request_id']}", "ts": _us(ts), "args": args}
 
 
 def _startup_events(pid: int, trace: Trace) -> list[dict[str, Any]]:
@@ -237,23 +238,47 @@ def _startup_events(pid: int, trace: Trace) -> list[dict[str, Any]]:
     return events
 
 
+def _trace_events(pid: int, trace: Trace) -> Iterator[dict[str, Any]]:
+    yield from _metadata(pid, trace)
+    yield from _startup_events(pid, trace)
+    yield from _step_events(pid, trace.steps)
+    yield from _preemption_events(pid, trace)
+    yield from _request_events(pid, trace)
+
+
 def to_perfetto(traces: Iterable[Trace]) -> dict[str, Any]:
     """The Chrome Trace Event Format object for `traces`, shown side by side as processes 1, 2, ..."""
-    events: list[dict[str, Any]] = []
-    for i, trace in enumerate(traces):
-        pid = i + 1
-        events += _metadata(pid, trace)
-        events += _startup_events(pid, trace)
-        events += _step_events(pid, trace.steps)
-        events += _preemption_events(pid, trace)
-        events += _request_events(pid, trace)
+    events = [ev for pid, trace in enumerate(traces, 1) for ev in _trace_events(pid, trace)]
     return {"traceEvents": events, "displayTimeUnit": "ms"}
 
 
-def export_perfetto(trace_dirs: list[str | Path], out: str | Path) -> dict[str, Any]:
-    """Load each trace directory, write their combined trace JSON to `out` and return it.
+# What the export reads of a trace: no token ids, no block tables.
+EXPORT_TABLES = ("steps", "requests", "decisions")
+EXPORT_COLUMNS = {"requests": ("request_id", "arrival", "queued", "first_scheduled", "first_token", "finish",
+                               *REQUEST_ARGS),
+                  "decisions": ("step", "request_id", "event", "blocks_freed")}
+WRITE_EVENTS = 1 << 13  # events serialised per write
+
+
+def export_perfetto(trace_dirs: list[str | Path], out: str | Path) -> int:
+    """Write the combined trace JSON of the trace directories to `out`; returns the number of events.
+    One trace is read at a time, just the columns the events need, and the events are written as they
+    are made, so memory holds a trace's tables, not its events. `out` appears only when complete.
     Raises traces.TraceError for a directory that is not a trace, OSError when `out` cannot be written."""
-    doc = to_perfetto([load(p) for p in trace_dirs])
-    text = json.dumps(doc, allow_nan=False, separators=(",", ":"))
-    Path(out).write_text(text, encoding="utf-8")
-    return doc
+    n = 0
+    with replaced_when_done(Path(out)) as tmp, open(tmp, "wb") as f:
+        f.write(b'{"displayTimeUnit":"ms","traceEvents":[')
+        for pid, path in enumerate(trace_dirs, 1):
+            trace = load(path, columns=EXPORT_COLUMNS, tables=EXPORT_TABLES)
+            batch: list[bytes] = []
+            for ev in _trace_events(pid, trace):
+                batch.append(orjson.dumps(ev))
+                if len(batch) == WRITE_EVENTS:
+                    f.write((b"," if n else b"") + b",".join(batch))
+                    n, batch = n + len(batch), []
+            if batch:
+                f.write((b"," if n else b"") + b",".join(batch))
+                n += len(batch)
+            del trace
+        f.write(b"]}")
+    return n
