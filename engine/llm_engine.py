@@ -67,6 +67,18 @@ class LLMEngine:
             finished=True, metrics=RequestMetrics(arrival), error=reason))
         self.engine_core.record_rejection(request_id, ids, arrival, reason, num_prompt_tokens)
 
+    def refuse_long_prompt(self, request_id: str, num_prompt_tokens: int, arrival_time: float) -> None:
+        self.reject_request(request_id, self.input_processor.length_error(num_prompt_tokens), arrival_time,
+                            num_prompt_tokens=num_prompt_tokens)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.config.model_config.hf_config.vocab_size
+
+    @property
+    def max_model_len(self) -> int:
+        return self.config.model_config.max_model_len
+
     def step(self) -> list[RequestOutput]:
         """One engine step; returns the requests that finished in it."""
         finished, self._rejected = self._rejected, []

@@ -6,6 +6,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol
 
 from tqdm import tqdm
 
@@ -23,12 +24,30 @@ class RunResult:
     wall_time: float
 
 
-def run_workload(engine, workload, time_scale: float = 1.0, max_requests: int | None = None,
+class WorkloadEngine(Protocol):
+    """What `run_workload` drives: the stepscope engine (LLMEngine), or vLLM's through its adapter."""
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    @property
+    def max_model_len(self) -> int: ...
+
+    def add_request(self, request_id: str, prompt: dict, params: SamplingParams, arrival_time: float) -> Any: ...
+
+    def refuse_long_prompt(self, request_id: str, num_prompt_tokens: int, arrival_time: float) -> None:
+        """End a request whose prompt is longer than max_model_len as an error, its ids never made."""
+
+    def has_unfinished_requests(self) -> bool: ...
+
+    def step(self) -> list: ...
+
+
+def run_workload(engine: WorkloadEngine, workload, time_scale: float = 1.0, max_requests: int | None = None,
                  progress: bool = True) -> RunResult:
     """Drive the engine with the workload; Ctrl-C stops submitting and ends the run cleanly."""
-    vocab = engine.config.model_config.hf_config.vocab_size
-    stream = workload.requests(vocab_size=vocab, limit=max_requests, time_scale=time_scale,
-                               max_prompt_tokens=engine.config.model_config.max_model_len)
+    stream = workload.requests(vocab_size=engine.vocab_size, limit=max_requests, time_scale=time_scale,
+                               max_prompt_tokens=engine.max_model_len)
     nxt = next(stream, None)
     start = time.monotonic()
     submitted = 0
@@ -40,8 +59,7 @@ def run_workload(engine, workload, time_scale: float = 1.0, max_requests: int | 
             now = time.monotonic()
             while nxt is not None and start + nxt.arrival <= now:
                 if nxt.prompt_token_ids is None:  # too long: its ids were never made
-                    engine.reject_request(nxt.request_id, engine.input_processor.length_error(nxt.num_prompt_tokens),
-                                          start + nxt.arrival, num_prompt_tokens=nxt.num_prompt_tokens)
+                    engine.refuse_long_prompt(nxt.request_id, nxt.num_prompt_tokens, start + nxt.arrival)
                 else:
                     engine.add_request(nxt.request_id, {"prompt_token_ids": nxt.prompt_token_ids},
                                        SamplingParams(max_tokens=nxt.max_tokens, temperature=0.0, ignore_eos=True),

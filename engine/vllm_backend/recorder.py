@@ -129,11 +129,14 @@ class VllmStepRecorder:
         self.requests[rec.request_id] = self.awaiting_first[rec.request_id] = rec
         self.recorder.on_add(rec)  # now, while the request is unfinished: it only joins the live ones
 
-    def on_reject(self, request_id: str, prompt_token_ids: list[int], arrival_time: float, reason: str) -> None:
+    def on_reject(self, request_id: str, prompt_token_ids: list[int], arrival_time: float, reason: str,
+                  num_prompt_tokens: int | None = None) -> None:
         """A request vLLM's input processor refused (it never reached the scheduler) still belongs in the
-        trace, as an error with vLLM's reason; `arrival_time` is on time.monotonic()."""
+        trace, as an error with vLLM's reason; `arrival_time` is on time.monotonic(). `num_prompt_tokens`
+        stands for ids never made (a prompt refused for its length)."""
         now = time.monotonic()
-        rec = RecordedRequest(request_id, arrival_time, now, len(prompt_token_ids), list(prompt_token_ids), None,
+        n = len(prompt_token_ids) if num_prompt_tokens is None else num_prompt_tokens
+        rec = RecordedRequest(request_id, arrival_time, now, n, list(prompt_token_ids), None,
                               finished_time=now, finish_reason="error", error=reason)
         self.recorder.on_add(rec)
 

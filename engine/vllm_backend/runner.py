@@ -23,12 +23,11 @@ CPU_BLOCK_SIZE = 32
 class VllmEngineAdapter:
     """vLLM's LLMEngine under the names `run_workload` drives (stepscope's add_request/step)."""
 
-    def __init__(self, engine: Any, vocab_size: int) -> None:
-        from types import SimpleNamespace
-
+    def __init__(self, engine: Any) -> None:
         self.engine = engine
+        self.vocab_size: int = engine.model_config.hf_config.vocab_size
+        self.max_model_len: int = engine.model_config.max_model_len
         self._rejected: list[Any] = []
-        self.config = SimpleNamespace(model_config=SimpleNamespace(hf_config=SimpleNamespace(vocab_size=vocab_size)))
         self.wall_minus_mono = time.time() - time.monotonic()
 
     @property
@@ -51,6 +50,13 @@ class VllmEngineAdapter:
             # token): this request fails alone, and the trace says why, as the stepscope engine's does.
             self.scheduler.stepscope.on_reject(request_id, ids, arrival_time, str(e).split(". ")[0])
             self._rejected.append(request_id)
+
+    def refuse_long_prompt(self, request_id: str, num_prompt_tokens: int, arrival_time: float) -> None:
+        """Said as vLLM's input processor says it (vllm/v1/engine/input_processor.py), first sentence."""
+        reason = (f"The decoder prompt (length {num_prompt_tokens}) is longer than the maximum model length "
+                  f"of {self.max_model_len}")
+        self.scheduler.stepscope.on_reject(request_id, [], arrival_time, reason, num_prompt_tokens)
+        self._rejected.append(request_id)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self._rejected) or self.engine.has_unfinished_requests()
@@ -103,7 +109,7 @@ def build_vllm_engine(engine_kwargs: dict[str, Any], trace_dir: str | Path,
         engine = LLMEngine.from_engine_args(EngineArgs(**engine_kwargs))
     finally:
         del os.environ[TRACE_DIR_ENV], os.environ[TRACE_OVERWRITE_ENV]
-    return VllmEngineAdapter(engine, engine.model_config.hf_config.vocab_size)
+    return VllmEngineAdapter(engine)
 
 
 def _vllm_on_cpu() -> bool:
