@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -96,7 +97,11 @@ class Replica:
         self.cluster = cluster
         self.scheduler = make_scheduler(scheduler_config, cache_config, clock=cluster.clock)
         self.runner = FakeModelRunner(seed, vocab_size, self.scheduler.requests)
-        self.cycle = StepCycle(self.scheduler, self.runner, cluster.clock)
+        self.cycle = StepCycle(self.scheduler, self.runner, cluster.clock,
+                               batch_queue_size=2 if scheduler_config.async_scheduling else 1)
+        self.ends: deque[float] = deque()  # async scheduling: when each step in flight ends on the device
+        self.device_free = 0.0
+        self.num_launched = 0
         self.pool_map = self.scheduler.kv_cache_manager.block_pool.cached_block_hash_to_block
         self.inbox: list[tuple[Request, SimRequest]] = []
         self.added: list[Request] = []
@@ -148,6 +153,8 @@ class Replica:
                 else:
                     self.live[req.request_id] = req
         self.inbox.clear()
+        if cycle.batch_queue_size > 1:
+            return self._launch(now)
         if not (self.scheduler.running or cycle.has_work()):
             return None
         self.busy = True
@@ -162,12 +169,32 @@ class Replica:
         so = cycle.begin()
         return now + cluster.cost_model.step_time(batch_from_output(so), self.num_steps)
 
+    def _launch(self, now: float) -> float | None:
+        """Async scheduling, in the order of `sim.loop.Simulator._loop_async` (vLLM's batch queue): schedule
+        while the queue has room and there is work, each step running on the device once the one before it
+        ends; returns when the oldest step in flight ends (None: idle)."""
+        cycle = self.cycle
+        while cycle.has_work() and len(cycle.in_flight) < cycle.batch_queue_size:
+            so = cycle.begin()
+            self.device_free = max(now, self.device_free) + self.cluster.cost_model.step_time(
+                batch_from_output(so), self.num_launched)
+            self.num_launched += 1
+            self.ends.append(self.device_free)
+            if not (so.total_num_scheduled_tokens or cycle.has_work()):
+                break
+        if not self.ends:
+            return None
+        self.busy = True
+        return self.ends[0]
+
     def finish_step(self) -> None:
         """The step's end: apply its outputs, record it, and notice a replica that can never progress."""
         self.busy = False
         if self.in_run:  # a run's steps were applied as it began
             self.in_run = False
             return
+        if self.ends:
+            self.ends.popleft()
         if self.recorder is not None:
             self.recorder.step = self.cluster.num_steps
         so, outputs = self.cycle.finish()
@@ -182,7 +209,7 @@ class Replica:
                 if watch is not None and req is not None and watch(req):
                     self.cluster.stopped = True
         if not finished and not (so.total_num_scheduled_tokens or self.scheduler.running or outputs.outputs
-                                 or so.preempted_req_ids):
+                                 or so.preempted_req_ids or self.cycle.in_flight):
             self.stalled = True
 
 
@@ -229,7 +256,7 @@ class Cluster:
                 r.recorder = TraceRecorder(_ReplicaWriter(self.writer, r.index), r.scheduler,
                                            snapshot_every=1 << 62, trace_level=trace_level)
                 r.cycle.recorder = CycleRecorder(r.recorder)
-        elif decode_runs:
+        elif decode_runs and not scheduler_config.async_scheduling:
             for r in self.replicas:
                 r.runs = ReplicaRuns(r.scheduler, r.runner, cost_model)
 

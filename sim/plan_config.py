@@ -41,6 +41,7 @@ class PlanConfig:
     gpu_memory_utilization: float | None = None
     num_gpu_blocks: int | None = None
     tensor_parallel_size: int = 1
+    async_scheduling: bool | None = None
 
     @property
     def num_gpus(self) -> int:
@@ -58,11 +59,13 @@ class PlanConfig:
         return CacheConfig(**self._set(CacheConfig), num_gpu_blocks=self.num_gpu_blocks or num_gpu_blocks)
 
     def to_dict(self) -> dict[str, Any]:
-        """Every field; `tensor_parallel_size` only when above 1, so results files written before it
-        existed still key their configurations the same."""
+        """Every field; `tensor_parallel_size` only when above 1 and `async_scheduling` only when set, so
+        results files written before they existed still key their configurations the same."""
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         if out["tensor_parallel_size"] == 1:
             del out["tensor_parallel_size"]
+        if out["async_scheduling"] is None:
+            del out["async_scheduling"]
         return out
 
     @property

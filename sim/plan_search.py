@@ -138,7 +138,8 @@ def build_cluster_parts(config: PlanConfig) -> tuple[Any, Any, Any]:
     from sim.cost_models.roofline import RooflineCostModel
 
     cost = RooflineCostModel.from_args(model=config.model, hardware=config.hardware,
-                                       tp=config.tensor_parallel_size, async_scheduling=False)
+                                       tp=config.tensor_parallel_size,
+                                       async_scheduling=bool(config.async_scheduling))
     sched = config.scheduler_config()
     cache = config.cache_config(num_gpu_blocks=2)
     if config.num_gpu_blocks is None:

@@ -1,5 +1,7 @@
 """Cluster simulation: one replica reproduces the single-replica simulator, the routers route as
 specified, and a cluster trace carries a `replica` column that traces.load reads."""
+import dataclasses
+
 import pandas as pd
 import pytest
 
@@ -34,13 +36,16 @@ def _replicas(result) -> list[int]:
     return df["replica"].tolist()
 
 
-def test_one_replica_cluster_reproduces_the_single_replica_simulator(tmp_path):
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_one_replica_cluster_reproduces_the_single_replica_simulator(tmp_path, async_scheduling):
     sched, cache = _configs(blocks=300, max_num_seqs=8)
+    sched = dataclasses.replace(sched, async_scheduling=async_scheduling)
     Simulator(sched, cache, FixedCost(), tmp_path / "single").run(
         open_source(str(DEFAULT_WORKLOAD), limit=60, time_scale=0.2).requests)
     Cluster(1, sched, cache, FixedCost(), "round_robin", trace_dir=tmp_path / "cluster").run(
         open_source(str(DEFAULT_WORKLOAD), limit=60, time_scale=0.2).requests)
     a, b = traces.load(tmp_path / "single"), traces.load(tmp_path / "cluster")
+    assert a.meta["config"]["scheduler"]["async_scheduling"] is async_scheduling
     assert a.steps["num_preempted"].sum() > 0  # the scenario exercises preemption, not only easy steps
     pd.testing.assert_frame_equal(a.steps, b.steps.drop(columns="replica"))
     pd.testing.assert_frame_equal(a.requests.drop(columns=["prompt_token_ids", "output_token_ids"]),

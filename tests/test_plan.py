@@ -56,6 +56,14 @@ def test_sweep_syntax_takes_ranges_and_value_lists():
     assert parse_price("h200=3.5/h,H100=2") == {"h200": 3.5, "h100": 2.0}
 
 
+def test_async_scheduling_is_a_plan_axis_that_changes_the_result_and_leaves_old_keys_alone():
+    spec = PlanSpec(workload=BURSTY, slo=SLO, rate_tol=0.1, max_requests=40)
+    sync, on = (run_at_rate(spec, dataclasses.replace(CONFIG, async_scheduling=a), 20.0) for a in (False, True))
+    assert not sync.equals(on)
+    assert "async_scheduling" not in CONFIG.to_dict()
+    assert dataclasses.replace(CONFIG, async_scheduling=True).scheduler_config().async_scheduling
+
+
 def test_cost_per_million_output_tokens_counts_every_replica():
     rows = rank([(dataclasses.replace(CONFIG, replicas=2), {"max_rate": 1.0, "mean_output_tokens": 100.0, "attainment": 1.0})],
                 {"h100": 3.6})

@@ -37,7 +37,7 @@ class SchedulerConfig:
         sim="replay")
     async_scheduling: bool = option(
         False, "schedule step k+1 before step k's tokens are known (vLLM 0.32 AsyncScheduler; engine default as "
-        "vLLM: on for cuda, off for cpu)", sim="replay")
+        "vLLM: on for cuda, off for cpu)", sim=True)
 
     def __post_init__(self) -> None:
         if self.max_num_batched_tokens is None:
