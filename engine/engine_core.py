@@ -215,13 +215,6 @@ class InprocClient:
     def shutdown(self, **final_meta) -> None:
         self.engine_core.shutdown(**final_meta)
 
-    def set_step_overlap(self, mode: str) -> None:
-        """How the runner launches steps (engine.worker.model_runner_output), between steps; a trace
-        being written learns of the change."""
-        self.executor.collective_rpc("set_step_overlap", mode)
-        if self.trace is not None:
-            self.trace.update_meta(step_overlap=mode)
-
     def add_request(self, request: EngineCoreRequest) -> None:
         self.engine_core.add_request(request)
 
