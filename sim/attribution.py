@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sim.report import token_times
+from sim.report import metric_label, token_times
 from traces.summary import summarize
 
 ATTRIBUTED = tuple(f"{m}_p{q}_s" for m in ("ttft", "tpot", "e2e") for q in (50, 90, 99)) + (
@@ -96,7 +96,7 @@ def predicted_parts(a: Any, b: Any) -> dict[str, np.ndarray] | None:
     cm = (b.meta or {}).get("cost_model") or {}
     if cm.get("name") != "calibrated" or not cm.get("coefficients"):
         return None
-    from sim.calibrate import _batches, step_table
+    from sim.calibrate import step_batches, step_table
     from sim.cost_models.calibrated import CalibratedCostModel
 
     model = CalibratedCostModel(cm["coefficients"], {"parts": cm.get("parts")})
@@ -104,7 +104,7 @@ def predicted_parts(a: Any, b: Any) -> dict[str, np.ndarray] | None:
     n = len(a.steps)
     out = {"device": np.zeros(n), "host": np.zeros(n), "gap": np.zeros(n)}
     index = {s: i for i, s in enumerate(a.steps.sort_values("step")["step"].to_numpy())}
-    for step, batch in zip(table.index, _batches(table)):
+    for step, batch in zip(table.index, step_batches(table)):
         p = model.step_parts(batch, 0)
         i = index[step]
         out["device"][i], out["host"][i], out["gap"][i] = p.device, p.host, p.gap
@@ -144,8 +144,6 @@ def attribute(a: Any, b: Any, pairs: np.ndarray, pairing: str = "aligned") -> di
 
 
 def format_attribution(r: dict[str, Any]) -> list[str]:
-    from sim.compare import metric_label
-
     other = r.get("predicted_from") or "A's own times"
     pairing = r.get("pairing", "by index")
     lines = [f"error breakdown (B - A; B's times on {r['identical_steps']} of {r['steps_a']} identical steps, "

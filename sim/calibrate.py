@@ -59,7 +59,8 @@ def step_table(trace: Trace) -> pd.DataFrame:
     return agg.join(parts, how="inner")
 
 
-def _batches(table: pd.DataFrame) -> list[StepBatch]:
+def step_batches(table: pd.DataFrame) -> list[StepBatch]:
+    """The batch of each row of a `step_table`."""
     return [StepBatch(int(r.pt), int(r.dt), int(r.ps), int(r.ds), int(r.ctx), float(r.attn))
             for r in table.itertuples()]
 
@@ -67,7 +68,7 @@ def _batches(table: pd.DataFrame) -> list[StepBatch]:
 def batches_from_trace(trace: Trace) -> list[tuple[StepBatch, float]]:
     """(batch, end - start) for every step of `trace` that scheduled tokens, in step order."""
     table = step_table(trace)
-    return list(zip(_batches(table), table["dur"].astype(float))) if len(table) else []
+    return list(zip(step_batches(table), table["dur"].astype(float))) if len(table) else []
 
 
 @dataclass(slots=True)
@@ -83,7 +84,7 @@ class StepSamples:
         table = step_table(trace)
         if not len(table):
             raise ValueError(f"{trace.path}: no steps that scheduled tokens, nothing to calibrate on")
-        return cls(str(trace.path), _batches(table), {p: table[p].to_numpy(dtype=float) for p in PARTS})
+        return cls(str(trace.path), step_batches(table), {p: table[p].to_numpy(dtype=float) for p in PARTS})
 
 
 def _fit(samples: list[StepSamples]) -> dict[str, dict[str, Any]]:

@@ -33,7 +33,7 @@ from engine.core.step_cycle import StepCycle
 from sim.batch import batch_from_output
 from sim.cluster_runs import ReplicaRuns
 from sim.cost_models.base import CostModel
-from sim.loop import CycleRecorder, SimulationError, _fewer_collections
+from sim.loop import CycleRecorder, SimulationError, fewer_collections
 from sim.routers import Router, make_router
 from sim.runner import FakeModelRunner
 from sim.sources import SimRequest, make_request
@@ -267,7 +267,7 @@ class Cluster:
         """`watch` sees every request as it ends (finished, rejected); once it returns True the run stops
         there (a search that already knows the verdict), leaving later requests unfinished."""
         self.watch = watch
-        with _fewer_collections():
+        with fewer_collections():
             try:
                 self._loop(iter(requests))
             finally:

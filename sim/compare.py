@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from sim.attribution import attribute, format_attribution
+from sim.report import metric_label
 from sim.speed_shift import same_shape_speed
 from traces.diff import aligned_pairs, ids_list, index_pairs, matching_steps
 from traces.summary import summarize
@@ -146,16 +147,6 @@ def _mape(ta: np.ndarray, tb: np.ndarray) -> float | None:
 
 def _clean(v: Any) -> Any:
     return None if isinstance(v, float) and v != v else v
-
-
-def metric_label(name: str) -> tuple[str, float, str]:
-    """A summary key as printed, with the scale and unit its values are printed in: `ttft_p50_s` is
-    `ttft p50` in ms, `output_throughput_tok_s` is `output throughput` in tok/s."""
-    for suffix, unit in (("_tok_s", "tok/s"), ("_req_s", "req/s")):
-        if name.endswith(suffix):
-            return name.removesuffix(suffix).replace("_", " "), 1.0, unit
-    base = name.removesuffix("_s").replace("_", " ")
-    return (base, 1e3, "ms") if name.split("_")[0] in ("ttft", "tpot", "e2e", "itl", "queue") else (base, 1.0, "s")
 
 
 def _metric_lines(r: dict[str, Any]) -> list[str]:

@@ -64,7 +64,7 @@ class CycleRecorder:
 
 
 @contextmanager
-def _fewer_collections(threshold: int = 100_000):
+def fewer_collections(threshold: int = 100_000):
     """The loop allocates millions of short-lived objects next to long-lived ones; the default GC
     thresholds rescan the long-lived heap over and over (a third of the run time)."""
     old = gc.get_threshold()
@@ -152,7 +152,7 @@ class Simulator:
         wall0 = time.perf_counter()
         bar = tqdm(total=total, desc="sim", unit="req", disable=not progress, dynamic_ncols=True, mininterval=0.5)
         interrupted = False
-        with _fewer_collections():
+        with fewer_collections():
             try:
                 if self.cycle.batch_queue_size > 1:
                     self._loop_async(iter(requests), external_finishes or {}, bar)

@@ -322,3 +322,13 @@ def write_plots(trace: Any, out_dir: str | Path, bins: int = 200, slos: list[SLO
     ax.grid(alpha=0.3)
     save(fig, "kv_usage.png")
     return written
+
+
+def metric_label(name: str) -> tuple[str, float, str]:
+    """A summary key as printed, with the scale and unit its values are printed in: `ttft_p50_s` is
+    `ttft p50` in ms, `output_throughput_tok_s` is `output throughput` in tok/s."""
+    for suffix, unit in (("_tok_s", "tok/s"), ("_req_s", "req/s")):
+        if name.endswith(suffix):
+            return name.removesuffix(suffix).replace("_", " "), 1.0, unit
+    base = name.removesuffix("_s").replace("_", " ")
+    return (base, 1e3, "ms") if name.split("_")[0] in ("ttft", "tpot", "e2e", "itl", "queue") else (base, 1.0, "s")

@@ -75,7 +75,7 @@ def test_engine_run_refuses_an_over_long_workload_prompt_with_its_true_length(tm
     import traces
     from engine.config import EngineArgs
     from engine.llm_engine import LLMEngine
-    from engine.run import run_workload
+    from engine.workload_driver import run_workload
 
     engine = LLMEngine.from_engine_args(EngineArgs(device="cpu", trace=str(tmp_path / "t")))
     run_workload(engine, _long_workload(tmp_path), progress=False)

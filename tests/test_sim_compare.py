@@ -160,7 +160,7 @@ def test_cli_compare_of_a_non_trace_is_one_line_exit_2(tmp_path, trace_dir, caps
 
 
 def test_report_labels_each_value_with_its_unit():
-    from sim.compare import metric_label
+    from sim.report import metric_label
 
     assert metric_label("ttft_p50_s") == ("ttft p50", 1e3, "ms")
     assert metric_label("output_throughput_tok_s") == ("output throughput", 1.0, "tok/s")

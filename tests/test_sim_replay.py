@@ -32,7 +32,7 @@ def engine_trace(tmp_path_factory):
     preempt, a step budget small enough to chunk prefills, and shared prefixes."""
     from engine.config import EngineArgs
     from engine.llm_engine import LLMEngine
-    from engine.run import run_workload
+    from engine.workload_driver import run_workload
     from workloads import workload_from_dict
 
     path = tmp_path_factory.mktemp("engine") / "trace"

