@@ -161,6 +161,7 @@ def _simulate(args: argparse.Namespace, trace_dir: str, residual_seed: int | Non
                                                       else SchedulerConfig().async_scheduling),
                                 vllm_version=_recorded_vllm(source))
     sched, cache, how = build_configs(args, source, cost_model)
+    source.max_prompt_tokens = sched.max_model_len
     if isinstance(cost_model, KernelSumCostModel):
         hardware = cost_model.hardware.name
     model_meta, simulated_hardware = _simulated_model(name, source, model, hardware, cost_model.describe())

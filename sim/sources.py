@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.core.request import Request
+from engine.core.request import RefusedRequest, Request
 from engine.core.sampling_params import SamplingParams
 
 DEFAULT_VOCAB_SIZE = 32000
@@ -31,12 +31,13 @@ class SimRequest:
 
     request_id: str
     arrival: float
-    prompt_token_ids: list[int]
+    prompt_token_ids: list[int] | None
     max_tokens: int | None
     add_time: float
     priority: int = 0
     output_token_ids: list[int] | None = None
     stop_at_end: bool = False
+    num_prompt_tokens: int | None = None  # for a prompt too long to serve, whose ids (None) were never made
 
 
 @dataclass(slots=True, kw_only=True)
@@ -55,6 +56,9 @@ class Source:
     # step -> [(request_id, finish_reason)]: aborts and frontend stop strings, applied before that step.
     external_finishes: dict[int, list[tuple[str, str]]] = field(default_factory=dict)
     trace: Any = None
+    # Set before `requests` is read (the scheduler's max_model_len): a workload's longer prompts then come
+    # without ids, never made, and are refused when added.
+    max_prompt_tokens: int | None = None
 
 
 def open_source(path: str | Path, vocab_size: int | None = None, limit: int | None = None,
@@ -70,11 +74,17 @@ def workload_source(path: Path, vocab_size: int, limit: int | None = None, time_
     from workloads import load_workload
 
     workload = load_workload(path)
-    stream = (SimRequest(request_id=r.request_id, arrival=r.arrival, prompt_token_ids=r.prompt_token_ids,
-                         max_tokens=r.max_tokens, add_time=r.arrival)
-              for r in workload.requests(vocab_size=vocab_size, limit=limit, time_scale=time_scale))
     meta = {**workload.to_dict(), "time_scale": time_scale, "max_requests": limit, "vocab_size": vocab_size}
-    return Source(kind="workload", path=path, requests=stream, num_requests=workload.count(limit), meta=meta)
+    source = Source(kind="workload", path=path, requests=iter(()), num_requests=workload.count(limit), meta=meta)
+
+    def stream() -> Iterator[SimRequest]:
+        for r in workload.requests(vocab_size=vocab_size, limit=limit, time_scale=time_scale,
+                                   max_prompt_tokens=source.max_prompt_tokens):
+            yield SimRequest(request_id=r.request_id, arrival=r.arrival, prompt_token_ids=r.prompt_token_ids,
+                             max_tokens=r.max_tokens, add_time=r.arrival, num_prompt_tokens=r.num_prompt_tokens)
+
+    source.requests = stream()
+    return source
 
 
 def _natural(rid: str) -> tuple:
@@ -154,5 +164,7 @@ def make_request(r: SimRequest, block_size: int | None = None) -> Request:
     else:
         params = SamplingParams(max_tokens=r.max_tokens, temperature=0.0, ignore_eos=True)
         eos = None
+    if r.prompt_token_ids is None:
+        return RefusedRequest(r.request_id, r.num_prompt_tokens, params, arrival_time=r.arrival)
     return Request(r.request_id, r.prompt_token_ids, params, eos_token_id=eos, arrival_time=r.arrival,
                    priority=r.priority, block_size=block_size)
