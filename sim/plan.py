@@ -115,7 +115,8 @@ def plan(args: Any) -> int:
                     max_requests=args.max_requests, length_scale=args.length_scale, vocab_size=args.vocab_size,
                     seed=args.seed or 0, min_served_ratio=args.min_served_ratio, samples=args.samples,
                     residual_profile=os.path.abspath(args.residuals) if args.residuals else None)
-    offered_rate = base_rate(base_requests(spec.workload, spec.max_requests, spec.length_scale, spec.vocab_size))
+    # The arrivals are all the offered rate needs: no prompt's ids are made for it (max_prompt_tokens 0).
+    offered_rate = base_rate(base_requests(spec.workload, spec.max_requests, spec.length_scale, spec.vocab_size, 0))
     plan_id = spec.fingerprint()
     done = load_results(args.results, plan_id) if args.results else {}
     results = {c.key: done[c.key] for c in configs if c.key in done}

@@ -48,16 +48,17 @@ class PlanSpec:
 
 @lru_cache(maxsize=4)
 def base_requests(workload: str, max_requests: int | None, length_scale: float | None,
-                  vocab_size: int) -> tuple[SimRequest, ...]:
-    """The workload's requests at time scale 1, generated once per process and reused at every rate."""
+                  vocab_size: int, max_prompt_tokens: int | None = None) -> tuple[SimRequest, ...]:
+    """The workload's requests at time scale 1, generated once per process and reused at every rate; a
+    prompt longer than `max_prompt_tokens` comes without ids (never made: it will be refused)."""
     from workloads import load_workload
 
     w = load_workload(workload)
     if length_scale is not None:
         w = w.scaled(length_factor=length_scale)
     reqs = tuple(SimRequest(request_id=r.request_id, arrival=r.arrival, prompt_token_ids=r.prompt_token_ids,
-                            max_tokens=r.max_tokens, add_time=r.arrival)
-                 for r in w.requests(vocab_size=vocab_size, limit=max_requests))
+                            max_tokens=r.max_tokens, add_time=r.arrival, num_prompt_tokens=r.num_prompt_tokens)
+                 for r in w.requests(vocab_size=vocab_size, limit=max_requests, max_prompt_tokens=max_prompt_tokens))
     if len(reqs) < 2 or reqs[-1].arrival <= reqs[0].arrival:
         raise ValueError(f"{workload}: needs at least two requests at different times to define a rate")
     return reqs
@@ -206,7 +207,7 @@ def run_at_rate(spec: PlanSpec, config: PlanConfig, rate: float, trace_dir: str 
     profile's measured scatter."""
     from sim.cluster import Cluster
 
-    reqs = base_requests(spec.workload, spec.max_requests, spec.length_scale, spec.vocab_size)
+    reqs = base_requests(spec.workload, spec.max_requests, spec.length_scale, spec.vocab_size, config.max_model_len)
     scale = base_rate(reqs) / rate
     sched, cache, cost = build_cluster_parts(config)
     if residual_seed is not None and spec.residual_profile:
@@ -217,7 +218,8 @@ def run_at_rate(spec: PlanSpec, config: PlanConfig, rate: float, trace_dir: str 
                       meta={"plan": {"config": config.to_dict(), "rate": rate}}, seed=spec.seed,
                       vocab_size=spec.vocab_size, overwrite=overwrite)
     stream = (SimRequest(request_id=r.request_id, arrival=r.arrival * scale, prompt_token_ids=r.prompt_token_ids,
-                         max_tokens=r.max_tokens, add_time=r.add_time * scale) for r in reqs)
+                         max_tokens=r.max_tokens, add_time=r.add_time * scale, num_prompt_tokens=r.num_prompt_tokens)
+              for r in reqs)
     return cluster.run(stream, watch).requests
 
 
@@ -227,7 +229,7 @@ def evaluate_config(spec: PlanSpec, config: PlanConfig) -> dict[str, Any]:
     from traces.summary import rejections
 
     slos = parse_slo(spec.slo)
-    reqs = base_requests(spec.workload, spec.max_requests, spec.length_scale, spec.vocab_size)
+    reqs = base_requests(spec.workload, spec.max_requests, spec.length_scale, spec.vocab_size, config.max_model_len)
     points: dict[float, dict[str, Any]] = {}
 
     def meets(rate: float) -> bool:

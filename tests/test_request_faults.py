@@ -87,12 +87,9 @@ def test_engine_run_refuses_an_over_long_workload_prompt_with_its_true_length(tm
     assert (req["finish_reason"] != "error").sum() == len(req) - len(errors) > 0
 
 
-def test_sim_replay_refuses_an_over_long_workload_prompt_without_making_its_ids(tmp_path, monkeypatch):
-    import traces
+def _count_prompt_ids(monkeypatch) -> list[int]:
     from engine.core import request
-    from sim.cli import main as sim_main
 
-    (tmp_path / "long.yaml").write_text(LONG)
     made = []
     init = request.Request.__init__
 
@@ -101,9 +98,29 @@ def test_sim_replay_refuses_an_over_long_workload_prompt_without_making_its_ids(
         init(self, rid, ids, *a, **k)
 
     monkeypatch.setattr(request.Request, "__init__", counting)
+    return made
+
+
+def test_sim_replay_refuses_an_over_long_workload_prompt_without_making_its_ids(tmp_path, monkeypatch):
+    import traces
+    from sim.cli import main as sim_main
+
+    (tmp_path / "long.yaml").write_text(LONG)
+    made = _count_prompt_ids(monkeypatch)
     assert sim_main(["replay", str(tmp_path / "long.yaml"), "--max-model-len", "4096", "--no-progress",
                      "--trace", str(tmp_path / "t")]) == 0
     assert max(made) <= 5000
     req = traces.load(tmp_path / "t").requests
     errors = req[req["finish_reason"] == "error"]
     assert set(errors["num_prompt_tokens"]) == {30_000_000, 5000}
+
+
+def test_sim_plan_refuses_an_over_long_workload_prompt_without_making_its_ids(tmp_path, monkeypatch, capsys):
+    from sim.cli import main as sim_main
+
+    (tmp_path / "long.yaml").write_text(LONG)
+    made = _count_prompt_ids(monkeypatch)
+    assert sim_main(["plan", str(tmp_path / "long.yaml"), "--slo", "ttft_p99=2s", "--max-model-len", "4096",
+                     "--hardware", "h100", "--jobs", "1", "--no-progress"]) == 0
+    assert made and max(made) <= 5000
+    assert "rejected: prompt longer than max_model_len=4096" in capsys.readouterr().out
