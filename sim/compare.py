@@ -17,6 +17,7 @@ import pandas as pd
 from sim.attribution import attribute, format_attribution
 from sim.report import metric_label
 from sim.speed_shift import same_shape_speed
+from traces.describe import config_differences
 from traces.diff import aligned_pairs, ids_list, index_pairs, matching_steps
 from traces.summary import summarize
 
@@ -95,6 +96,7 @@ def compare_traces(a: Any, b: Any) -> dict[str, Any]:
     paired = pairs >= 0
     return {
         "a": str(a.path), "b": str(b.path), "steps_a": na, "steps_b": nb,
+        "config_differences": config_differences(a.meta, b.meta),
         "requests_a": int(len(a.requests)), "requests_b": int(len(b.requests)),
         "matched_steps": matched, "decision_match_rate": matched / n if n else 1.0,
         "aligned_matched_steps": int(paired.sum()) if pairing == "aligned" else None,
@@ -119,7 +121,7 @@ def _requests_only(a: Any, b: Any) -> dict[str, Any]:
     which = f"{' and '.join(bare)} {'have' if len(bare) > 1 else 'has'}"
     return {
         "a": str(a.path), "b": str(b.path), "steps_a": len(a.steps), "steps_b": len(b.steps),
-        "requests_a": int(len(a.requests)), "requests_b": int(len(b.requests)),
+        "config_differences": config_differences(a.meta, b.meta), "requests_a": int(len(a.requests)), "requests_b": int(len(b.requests)),
         "step_level_skipped": f"{which} requests but no steps or decisions (a measured run's per-request "
                               "times, e.g. from sim import-run): only request metrics are compared",
         "matched_steps": 0, "decision_match_rate": None, "aligned_matched_steps": None,
@@ -163,6 +165,8 @@ def _metric_lines(r: dict[str, Any]) -> list[str]:
 def format_report(r: dict[str, Any]) -> str:
     lines = [f"A: {r['a']} ({r['steps_a']} steps, {r['requests_a']} requests)",
              f"B: {r['b']} ({r['steps_b']} steps, {r['requests_b']} requests)"]
+    if r.get("config_differences"):
+        lines.append(f"warning: the runs were configured differently: {', '.join(r['config_differences'])}")
     if r.get("step_level_skipped"):
         lines.append(f"step-level comparison skipped: {r['step_level_skipped']}")
         return "\n".join(lines + _metric_lines(r))

@@ -166,3 +166,14 @@ def test_report_labels_each_value_with_its_unit():
     assert metric_label("output_throughput_tok_s") == ("output throughput", 1.0, "tok/s")
     assert metric_label("request_throughput_req_s") == ("request throughput", 1.0, "req/s")
     assert metric_label("duration_s") == ("duration", 1.0, "s")
+
+
+def test_compare_warns_when_the_runs_were_configured_differently_naming_the_fields():
+    from traces.describe import config_differences
+
+    a = {"config": {"scheduler": {"max_num_batched_tokens": 2048, "policy": "fcfs"},
+                    "cache": {"block_size": 32, "num_gpu_blocks": 512, "num_gpu_blocks_override": 512}}}
+    b = {"config": {"scheduler": {"max_num_batched_tokens": 8192, "policy": "fcfs"},
+                    "cache": {"block_size": 16, "num_gpu_blocks": 512, "num_gpu_blocks_override": None}}}
+    assert config_differences(a, b) == ["scheduler.max_num_batched_tokens 2048 vs 8192", "cache.block_size 32 vs 16"]
+    assert config_differences(a, a) == []

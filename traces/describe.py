@@ -70,6 +70,24 @@ def scheduling_mode(scheduler: dict[str, Any], cache: dict[str, Any]) -> str:
             f"{on('scheduler_reserve_full_isl', scheduler, False)}")
 
 
+# The settings that decide a step: every scheduler field, and the cache's shape (not how it was sized).
+DECIDING_CACHE_FIELDS = ("block_size", "num_gpu_blocks", "enable_prefix_caching", "watermark")
+
+
+def config_differences(meta_a: dict[str, Any], meta_b: dict[str, Any]) -> list[str]:
+    """`scheduler.max_num_batched_tokens 2048 vs 8192`, one per scheduling setting both traces record with
+    different values: two runs under different settings decide differently for that reason alone."""
+    out = []
+    for section, only in (("scheduler", None), ("cache", DECIDING_CACHE_FIELDS)):
+        a, b = ((m.get("config") or {}).get(section) for m in (meta_a, meta_b))
+        if not isinstance(a, dict) or not isinstance(b, dict):
+            continue
+        for key in sorted(set(a) & set(b)):
+            if (only is None or key in only) and a[key] is not None and b[key] is not None and a[key] != b[key]:
+                out.append(f"{section}.{key} {a[key]} vs {b[key]}")
+    return out
+
+
 def describe_replay(source: Any, num_requests: int | None, meta: dict[str, Any], cost: dict[str, Any],
                     scheduler: Any, cache: Any) -> str:
     """What `sim replay` is about to simulate, printed before its numbers: source, model, hardware, cost

@@ -12,6 +12,7 @@ from rich.text import Text
 from traces.summary import format_summary
 from tui import reasons
 from tui.compare import Comparison
+from traces.describe import config_differences
 from traces.frames import list_cell
 from tui.model import RunIndex, as_float, as_int
 from tui.queues import admissions
@@ -216,8 +217,13 @@ def compare_head(cmp: Comparison) -> Text:
              f"B {cmp.b.source} {cmp.b.trace.path.name} ({cmp.b.n}) · ")
     first = cmp.first_divergence
     if first is None:
-        return t.append("no divergence: every step decided the same", "green")
-    return t.append(f"{len(cmp.divergent)} divergent steps, first: {first} (f first, d/D next/prev)", "bold red")
+        t.append("no divergence: every step decided the same", "green")
+    else:
+        t.append(f"{len(cmp.divergent)} divergent steps, first: {first} (f first, d/D next/prev)", "bold red")
+    differences = config_differences(cmp.a.meta, cmp.b.meta)
+    if differences:
+        t.append(f" · configured differently: {', '.join(differences)}", "bold yellow")
+    return t
 
 
 def explanation(cmp: Comparison, pos: int) -> Text:
