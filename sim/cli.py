@@ -83,7 +83,7 @@ def build_configs(args: argparse.Namespace, source: Any, cost_model: Any) -> tup
 
     sc, cc = source.scheduler, source.cache
     sched_kw = recorded_or_flag(SchedulerConfig, args, sc)
-    if "max_model_len" not in sched_kw and getattr(cost_model, "max_model_len", None):
+    if "max_model_len" not in sched_kw and cost_model.max_model_len:
         sched_kw["max_model_len"] = cost_model.max_model_len
     # The trace's num_gpu_blocks (below) already carries any override it ran with.
     cache_kw = recorded_or_flag(CacheConfig, args, cc, skip=("num_gpu_blocks_override",))
@@ -99,8 +99,7 @@ def build_configs(args: argparse.Namespace, source: Any, cost_model: Any) -> tup
             # Same KV memory as the traced engine, re-cut if the block size changed.
             blocks = max(2, int(cc["num_gpu_blocks"]) * int(cc.get("block_size") or block_size) // block_size)
             how = f"the source trace's KV cache ({cc['num_gpu_blocks']} blocks of {cc.get('block_size')} tokens)"
-        elif hasattr(cost_model, "num_gpu_blocks"):
-            blocks = int(cost_model.num_gpu_blocks(block_size, gpu_util))
+        elif (blocks := cost_model.num_gpu_blocks(block_size, gpu_util)) is not None:
             how = f"{cost_model.name} cost model: memory left after weights at {gpu_util} utilization"
         else:
             blocks, how = DEFAULT_NUM_GPU_BLOCKS, "default"
@@ -203,7 +202,7 @@ def replay(args: argparse.Namespace) -> int:
                                    overwrite=args.overwrite)
     trace = load_for_summary(trace_dir)
     summary = sim_summary(trace, slos)
-    warn = getattr(cost_model, "range_warning", lambda: None)()
+    warn = cost_model.range_warning()
     if warn:
         print(f"sim replay: warning: {' '.join(warn.split())}", file=sys.stderr)
     if args.samples:

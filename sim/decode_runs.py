@@ -69,10 +69,9 @@ class DecodeRuns:
         self.runner = runner
         self.recorder = recorder
         self.cost_model = cost_model
-        # Looked up on the class: a wrapper that forwards attributes to its base model (ResidualScaled)
-        # must not lend it the base's times. A model that splits its steps is asked step by step.
-        at_once = getattr(type(cost_model), "decode_step_times", None) is not None
-        self._step_times = cost_model.decode_step_times if at_once and not hasattr(cost_model, "last_phases") else None
+        # A model that splits its steps is asked step by step, for each step's phases.
+        self._split = cost_model.phases() is not None
+        self.num_runs_at_once = 0  # runs whose steps the cost model timed in one call
         self.num_steps = 0  # steps taken in runs, of the whole replay
         self._last_step = 0.0  # seconds of the last step of the last run
 
@@ -98,8 +97,11 @@ class DecodeRuns:
         if run is None:
             return 0, now
         try:
-            if self._step_times is not None:
-                now = self._time_at_once(run, now, step, next_arrival)
+            n = len(run.rids)
+            times = None if self._split else self.cost_model.decode_step_times(n, n + sum(run.computed0), run.steps)
+            if times is not None:
+                self.num_runs_at_once += 1
+                now = self._time_at_once(run, now, step, next_arrival, times)
             else:
                 now = self._time_each(run, now, step, next_arrival)
             if run.done:
@@ -179,7 +181,7 @@ class DecodeRuns:
         free_blocks = self.kv.block_pool.free_block_queue
         num_usable = self.kv.block_pool.num_usable_blocks
         cost, recorder = self.cost_model, self.recorder
-        step_time, split = cost.step_time, hasattr(cost, "last_phases")
+        step_time, split = cost.step_time, self._split
         starts, ends, used = run.starts, run.ends, run.used
         schedule_times, execute_times, sample_times = run.phases
         done = 0
@@ -197,7 +199,7 @@ class DecodeRuns:
             starts.append(start)
             ends.append(now)
             # A cost model that splits its step (model time, host time) as CycleRecorder reads it.
-            schedule_time, execute_time, sample_time = cost.last_phases if split else (0.0, now - start, 0.0)
+            schedule_time, execute_time, sample_time = cost.phases() if split else (0.0, now - start, 0.0)
             schedule_times.append(schedule_time)
             execute_times.append(execute_time)
             sample_times.append(sample_time)
@@ -206,13 +208,14 @@ class DecodeRuns:
             run.done = done
         return now
 
-    def _time_at_once(self, run: _Run, now: float, step: int, next_arrival: float | None) -> float:
+    def _time_at_once(self, run: _Run, now: float, step: int, next_arrival: float | None,
+                      times: list[float]) -> float:
         """Time every step the run may take in one call, cut it at the first step that starts at or after
         the next arrival, then visit only its block crossings and snapshots, in step order; returns the
         clock after the last step taken."""
-        n, steps = len(run.rids), run.steps
+        steps = run.steps
         # clock[j]: when step j starts, one step after the other as `now += step time` adds them.
-        clock = list(accumulate(self._step_times(n, n + sum(run.computed0), steps), initial=now))
+        clock = list(accumulate(times, initial=now))
         bound = steps if next_arrival is None else bisect_left(clock, next_arrival, 0, steps)
         pool = self.kv.block_pool
         every = self.recorder.snapshot_every

@@ -46,8 +46,6 @@ class CycleRecorder:
     def __init__(self, recorder: TraceRecorder, cost: CostModel | None = None) -> None:
         self.recorder = recorder
         self.cost = cost
-        # A cost model that splits its step (model time, host time) has `last_phases` from the start.
-        self._split = hasattr(cost, "last_phases")
 
     def on_add(self, request: Request) -> None:
         self.recorder.on_add(request)
@@ -57,8 +55,9 @@ class CycleRecorder:
 
     def on_step(self, so: SchedulerOutput, outputs: EngineCoreOutputs, times: StepTimes) -> list[Request]:
         t_sched, t_exec, t_sample, t_update, t_end = times
-        if self._split:  # the clock only sees the sum of the cost model's phases
-            return self.recorder.on_step(so, outputs, t_sched, t_end, *self.cost.last_phases)
+        phases = self.cost.phases() if self.cost is not None else None
+        if phases is not None:  # the clock only sees the sum of the cost model's phases
+            return self.recorder.on_step(so, outputs, t_sched, t_end, *phases)
         return self.recorder.on_step(so, outputs, t_sched, t_end, t_exec - t_sched, t_sample - t_exec,
                                      t_update - t_sample)
 
@@ -101,7 +100,7 @@ class Simulator:
         self.cost_model = cost_model
         self.scheduler = make_scheduler(scheduler_config, cache_config, clock=self.clock)
         self.runner = FakeModelRunner(seed, vocab_size, self.scheduler.requests)
-        self.step_start = getattr(cost_model, "step_start", None) if follow_recorded else None
+        self.step_start = cost_model.step_start if follow_recorded else None
         self.trace_dir = Path(trace_dir)
         full_meta = {"source": "sim", **(meta or {}),
                      "cost_model": {"name": cost_model.name, **cost_model.describe()}, "seed": seed}
@@ -118,7 +117,7 @@ class Simulator:
         # Decode-only stretches advance as runs (same decisions, see sim.decode_runs), where the loop is
         # synchronous and free to choose step starts; a recorded replay follows the recording step by step.
         # How the engine takes in arrivals when idle (calibrated profiles measure it); not in recorded replays.
-        self.intake = getattr(cost_model, "intake", None) if self.step_start is None else None
+        self.intake = cost_model.intake if self.step_start is None else None
         self._use_decode_runs = decode_runs and self.step_start is None and self.cycle.batch_queue_size == 1
         self.decode_runs: DecodeRuns | None = None  # built by the loop, on the recorder it then has
 

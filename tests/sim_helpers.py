@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 from sim.batch import StepBatch
+from sim.cost_models.base import CostModelDefaults
 
 
-class FixedCost:
+class FixedCost(CostModelDefaults):
     """10 ms per step plus 10 us per token."""
 
     name = "fixed"

@@ -11,11 +11,12 @@ from sim.cost_models.roofline import RooflineCostModel
 from sim.loop import Simulator
 from sim.sources import open_source
 from workloads import DEFAULT_WORKLOAD
+from sim.cost_models.base import CostModelDefaults
 
 TABLES = ("steps", "decisions", "block_events", "block_snapshots", "requests")
 
 
-class ContextCost:
+class ContextCost(CostModelDefaults):
     """Step time that grows with the context read, so a run's per-step batch shape shows in the clock."""
 
     name = "context"
@@ -65,7 +66,7 @@ def test_runs_timed_at_once_write_the_step_by_step_trace(tmp_path, num_gpu_block
     roofline = RooflineCostModel.from_args(model="llama-3.1-8b", hardware="l4")
     sim = _assert_same_trace(tmp_path, DEFAULT_WORKLOAD, sched, cache, snapshot_every=50, time_scale=time_scale,
                              cost=roofline)
-    assert sim.decode_runs._step_times is not None and sim.decode_runs.num_steps > 0
+    assert sim.decode_runs.num_runs_at_once > 0 and sim.decode_runs.num_steps > 0
 
 
 def test_most_steps_of_a_decode_heavy_replay_go_through_runs(tmp_path):

@@ -23,6 +23,7 @@ from sim.samples import interval
 from sim.speed_shift import same_shape_speed
 from traces.recorder import TraceRecorder
 from traces.writer import TraceWriter
+from sim.cost_models.base import CostModelDefaults
 
 DEVICE = {"c0": 2e-3, "c_p": 5e-5, "c_d": 2e-4, "c_ctx": 1e-6, "c_attn": 1e-7, "c_seq": 1e-4, "c_pseq": 1e-3}
 HOST = (3e-4, 2e-5)  # per step, per sequence
@@ -294,7 +295,7 @@ def test_samples_without_a_calibrated_profile_is_one_line_exit_2(engine_like, ca
 def test_residual_scaling_lays_measured_ratios_over_another_cost_model():
     from sim.cost_models.residuals import ResidualScaled
 
-    class Flat:
+    class Flat(CostModelDefaults):
         name = "flat"
 
         def step_time(self, batch, step):
@@ -303,7 +304,7 @@ def test_residual_scaling_lays_measured_ratios_over_another_cost_model():
         def describe(self):
             return {}
 
-        def num_gpu_blocks(self, block_size):
+        def num_gpu_blocks(self, block_size, gpu_memory_utilization=0.9, max_num_batched_tokens=8192):
             return 7
 
     table = residual_table(np.array([[2.0, 1.0, 1.0], [0.5, 1.0, 1.0]]), [2])

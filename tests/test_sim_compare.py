@@ -13,11 +13,12 @@ from sim.compare import compare_traces
 from sim.loop import Simulator
 from sim.sources import open_source
 from workloads import DEFAULT_WORKLOAD
+from sim.cost_models.base import CostModelDefaults
 
 BURSTY = str(DEFAULT_WORKLOAD)
 
 
-class _Cost:
+class _Cost(CostModelDefaults):
     name = "test"
 
     def step_time(self, batch: StepBatch, step: int) -> float:

@@ -16,6 +16,7 @@ from sim.sources import open_source
 from traces.recorder import TraceRecorder
 from traces.writer import TraceWriter
 from workloads import DEFAULT_WORKLOAD
+from sim.cost_models.base import CostModelDefaults
 
 BURSTY = str(DEFAULT_WORKLOAD)
 
@@ -140,7 +141,7 @@ def test_recorded_replay_reproduces_eos_stops_aborts_and_rejections(tmp_path):
     assert reasons(sim) == reasons(src)
 
 
-class _LinearCost:
+class _LinearCost(CostModelDefaults):
     """A stand-in cost model: a fixed step cost plus per-token costs."""
 
     name = "linear-test"

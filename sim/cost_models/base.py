@@ -1,9 +1,14 @@
-"""The cost-model seam: the simulator asks how long a step with a given batch takes."""
+"""The cost-model seam: the simulator asks how long a step with a given batch takes, and what else the
+model can tell. Every capability is declared here; `CostModelDefaults` gives the answer of a model
+without it, so the simulator asks and never probes."""
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from sim.batch import StepBatch
+
+if TYPE_CHECKING:
+    from sim.intake import Intake
 
 
 class CostModel(Protocol):
@@ -16,3 +21,59 @@ class CostModel(Protocol):
         ...
 
     def describe(self) -> dict: ...
+
+    def phases(self) -> tuple[float, float, float] | None:
+        """The last `step_time` split as a trace splits a step (schedule, execute, sample seconds), for a
+        model that knows its parts; None: the clock's own split."""
+        ...
+
+    def step_start(self, step: int) -> float | None:
+        """When the recorded engine started this step (trace seconds): a recorded replay follows it."""
+        ...
+
+    @property
+    def intake(self) -> Intake | None:
+        """How an idle engine takes in arrivals, where the model measured it."""
+        ...
+
+    def decode_step_times(self, num_seqs: int, context_tokens: int, count: int) -> list[float] | None:
+        """`step_time` of `count` consecutive decode-only steps in one call (the first reading
+        `context_tokens` of context, each next one `num_seqs` more); None: ask step by step."""
+        ...
+
+    @property
+    def max_model_len(self) -> int | None:
+        """The model's context length, where the model knows it."""
+        ...
+
+    def num_gpu_blocks(self, block_size: int, gpu_memory_utilization: float = 0.9,
+                       max_num_batched_tokens: int = 8192) -> int | None:
+        """KV cache blocks left after the weights, where the model knows the device's memory."""
+        ...
+
+    def range_warning(self) -> str | None:
+        """One line when the run used the model outside what it was measured or fitted on."""
+        ...
+
+
+class CostModelDefaults:
+    """The answers of a cost model without the optional capabilities; concrete models inherit them."""
+
+    intake: Intake | None = None
+    max_model_len: int | None = None
+
+    def phases(self) -> tuple[float, float, float] | None:
+        return None
+
+    def step_start(self, step: int) -> float | None:
+        return None
+
+    def decode_step_times(self, num_seqs: int, context_tokens: int, count: int) -> list[float] | None:
+        return None
+
+    def num_gpu_blocks(self, block_size: int, gpu_memory_utilization: float = 0.9,
+                       max_num_batched_tokens: int = 8192) -> int | None:
+        return None
+
+    def range_warning(self) -> str | None:
+        return None

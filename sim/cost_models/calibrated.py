@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from sim.batch import StepBatch
+from sim.cost_models.base import CostModelDefaults
 from sim.cost_models.parts import PART_TERMS, PARTS, RANGE_FIELDS, StepParts, part_features
 from sim.cost_models.residuals import ResidualSampler
 from sim.intake import Intake
@@ -104,7 +105,7 @@ def load_profile(path: str | Path) -> dict[str, Any]:
     return prof
 
 
-class CalibratedCostModel:
+class CalibratedCostModel(CostModelDefaults):
     """The fitted laws; `load` reads a PROFILE.json written by `sim calibrate`. With a `seed`, each step
     is scaled by measured residual ratios drawn in blocks (one sampled replay); without, by the mean ratio
     (the expected step). A profile without parts (format 1) is one law for the whole step."""
@@ -128,7 +129,7 @@ class CalibratedCostModel:
         self._range = self.profile.get("fitted_range") or {}
         self._outside: dict[str, int] = {}
         self._num_steps = 0
-        self.last_phases = (0.0, 0.0, 0.0)
+        self._phases = (0.0, 0.0, 0.0)
 
     @classmethod
     def load(cls, path: str | Path, seed: int | None = None) -> CalibratedCostModel:
@@ -153,8 +154,12 @@ class CalibratedCostModel:
     def step_time(self, batch: StepBatch, step: int) -> float:
         """A synchronous engine's step cycle: model, host phases and the gap before the next step."""
         p = self.step_parts(batch, step)
-        self.last_phases = (0.0, p.device, p.host)
+        self._phases = (0.0, p.device, p.host)
         return p.total
+
+    def phases(self) -> tuple[float, float, float]:
+        """The model's time is the step's `execute`, the host phases around it its `sample`."""
+        return self._phases
 
     def _check_range(self, batch: StepBatch) -> None:
         self._num_steps += 1

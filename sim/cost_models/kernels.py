@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from sim.batch import StepBatch
+from sim.cost_models.base import CostModelDefaults
 from sim.cost_models.hardware import Hardware
 from sim.cost_models.model_shape import ModelShape, rank_shape
 
@@ -85,7 +86,7 @@ def attention_shapes(batch: StepBatch) -> tuple[AttentionShape, list[AttentionSh
     return main, [AttentionShape(c, computed, 0, 0) for c, computed in chunks[1:]]
 
 
-class KernelSumCostModel:
+class KernelSumCostModel(CostModelDefaults):
     """A step costs the sum of the kernels one rank runs for it, times the layers, plus the all-reduces
     that join the ranks, plus (synchronous scheduling only) the host's time around the step: async
     scheduling prepares step k+1 while step k runs, so the device's time is the step's."""

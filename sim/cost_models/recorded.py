@@ -14,9 +14,10 @@ from typing import Any
 import numpy as np
 
 from sim.batch import StepBatch
+from sim.cost_models.base import CostModelDefaults
 
 
-class RecordedCostModel:
+class RecordedCostModel(CostModelDefaults):
     name = "recorded"
 
     def __init__(self, starts: np.ndarray, ends: np.ndarray, source: str = "") -> None:

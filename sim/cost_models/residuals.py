@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from sim.cost_models.base import CostModelDefaults
 from sim.cost_models.parts import PARTS
 
 MAX_BLOCK = 64
@@ -140,7 +141,7 @@ class ResidualSampler:
         return self.drawn[step]
 
 
-class ResidualScaled:
+class ResidualScaled(CostModelDefaults):
     """Any cost model's step times scaled by sampled device ratios of a calibration profile: the scatter
     a real machine showed, laid over a model (e.g. the roofline) that has none of its own."""
 
@@ -156,5 +157,24 @@ class ResidualScaled:
     def describe(self) -> dict:
         return {**self.base.describe(), "residual_seed": self.seed}
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.base, name)
+    # The base's capabilities, but not its decode_step_times: those would be the unscaled times.
+    def phases(self) -> tuple[float, float, float] | None:
+        return self.base.phases()
+
+    def step_start(self, step: int) -> float | None:
+        return self.base.step_start(step)
+
+    @property
+    def intake(self) -> Any:
+        return self.base.intake
+
+    @property
+    def max_model_len(self) -> int | None:
+        return self.base.max_model_len
+
+    def num_gpu_blocks(self, block_size: int, gpu_memory_utilization: float = 0.9,
+                       max_num_batched_tokens: int = 8192) -> int | None:
+        return self.base.num_gpu_blocks(block_size, gpu_memory_utilization, max_num_batched_tokens)
+
+    def range_warning(self) -> str | None:
+        return self.base.range_warning()
