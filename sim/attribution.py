@@ -21,10 +21,7 @@ import numpy as np
 import pandas as pd
 
 from sim.report import metric_label, token_times
-from traces.summary import summarize
-
-ATTRIBUTED = tuple(f"{m}_p{q}_s" for m in ("ttft", "tpot", "e2e") for q in (50, 90, 99)) + (
-    "output_throughput_tok_s",)
+from traces.summary import HEADLINE_METRICS, summarize
 
 
 def step_parts(steps: pd.DataFrame) -> dict[str, np.ndarray]:
@@ -135,7 +132,7 @@ def attribute(a: Any, b: Any, pairs: np.ndarray, pairing: str = "aligned") -> di
     m0, m1, m2 = (metrics_with_ends(a, *retime(p)) for p in (pa, p1, p2))
     mb, ma = summarize(b.requests), summarize(a.requests)
     out = {}
-    for name in ATTRIBUTED:
+    for name in HEADLINE_METRICS:
         v = [m.get(name, np.nan) for m in (ma, m0, m1, m2, mb)]
         out[name] = {"a": v[0], "b": v[4], "total": v[4] - v[0], "step_time": v[2] - v[1],
                      "host_gap": v[3] - v[2], "divergence": v[4] - v[3], "retiming": v[1] - v[0]}

@@ -19,9 +19,9 @@ from sim.report import metric_label
 from sim.speed_shift import same_shape_speed
 from traces.describe import config_differences
 from traces.diff import aligned_pairs, ids_list, index_pairs, matching_steps
-from traces.summary import summarize
+from traces.summary import LATENCIES, summarize
 
-METRICS = tuple(f"{m}_{s}_s" for m in ("ttft", "tpot", "e2e") for s in ("mean", "p50", "p90", "p99")) + (
+METRICS = tuple(f"{m}_{s}_s" for m in LATENCIES for s in ("mean", "p50", "p90", "p99")) + (
     "output_throughput_tok_s", "request_throughput_req_s", "duration_s")
 
 

@@ -13,7 +13,7 @@ import pandas as pd
 
 from sim.token_stats import TokenStats, stream_token_stats
 from traces.schema import REQUEST_COLUMNS
-from traces.summary import format_summary, request_latencies, summarize
+from traces.summary import LATENCIES, format_summary, request_latencies, summarize
 
 SLO_METRICS = ("ttft", "tpot", "e2e", "queue")
 _UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6}
@@ -331,4 +331,4 @@ def metric_label(name: str) -> tuple[str, float, str]:
         if name.endswith(suffix):
             return name.removesuffix(suffix).replace("_", " "), 1.0, unit
     base = name.removesuffix("_s").replace("_", " ")
-    return (base, 1e3, "ms") if name.split("_")[0] in ("ttft", "tpot", "e2e", "itl", "queue") else (base, 1.0, "s")
+    return (base, 1e3, "ms") if name.split("_")[0] in (*LATENCIES, "itl", "queue") else (base, 1.0, "s")

@@ -13,11 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from traces.summary import SUMMARY_COLUMNS, summarize
-
-# The ten figures an interval is reported for: latency percentiles and output throughput.
-SAMPLED_METRICS = tuple(f"{m}_p{q}_s" for m in ("ttft", "tpot", "e2e") for q in (50, 90, 99)) + (
-    "output_throughput_tok_s",)
+from sim.report import metric_label
+from traces.summary import HEADLINE_METRICS, SUMMARY_COLUMNS, summarize
 
 
 def interval(values: list[float]) -> dict[str, float]:
@@ -32,13 +29,13 @@ def sample_replays(n: int, run: Callable[[int, str], Any], slos: Any = None) -> 
     """Run `run(seed, trace_dir)` for seeds 0..n-1 and summarise each metric as median [p5-p95]."""
     import traces
 
-    per_metric: dict[str, list[float]] = {m: [] for m in SAMPLED_METRICS}
+    per_metric: dict[str, list[float]] = {m: [] for m in HEADLINE_METRICS}
     for seed in range(n):
         with tempfile.TemporaryDirectory(prefix="stepscope-sample-") as d:
             run(seed, d)
             t = traces.load(d, columns=SUMMARY_COLUMNS, tables=SUMMARY_COLUMNS)  # not the decisions
             s = summarize(t.requests, t.steps)
-        for m in SAMPLED_METRICS:
+        for m in HEADLINE_METRICS:
             per_metric[m].append(s.get(m, math.nan))
     return {"num_samples": n, "metrics": {m: {**interval(v), "values": v} for m, v in per_metric.items()}}
 
@@ -46,7 +43,7 @@ def sample_replays(n: int, run: Callable[[int, str], Any], slos: Any = None) -> 
 def format_samples(samples: dict[str, Any]) -> str:
     lines = [f"sampled replays: {samples['num_samples']} (measured residuals, seeded); median [p5-p95]"]
     for m, r in samples["metrics"].items():
-        scale, unit = (1e3, " ms") if m.split("_")[0] in ("ttft", "tpot", "e2e") else (1.0, " tok/s")
+        _, scale, unit = metric_label(m)
         name = m.removesuffix("_s")
-        lines.append(f"  {name:<22} {r['median'] * scale:10.2f}{unit} [{r['p5'] * scale:.2f}-{r['p95'] * scale:.2f}]")
+        lines.append(f"  {name:<22} {r['median'] * scale:10.2f} {unit} [{r['p5'] * scale:.2f}-{r['p95'] * scale:.2f}]")
     return "\n".join(lines)

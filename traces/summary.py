@@ -15,6 +15,11 @@ SUMMARY_COLUMNS = {
     "steps": ("step", "kv_blocks_used", "kv_blocks_total"),
 }
 
+# The per-request latencies every summary reports, and the headline figures an interval or an error
+# breakdown is given for: their p50/p90/p99 and the output throughput.
+LATENCIES = ("ttft", "tpot", "e2e")
+HEADLINE_METRICS = tuple(f"{m}_p{q}_s" for m in LATENCIES for q in (50, 90, 99)) + ("output_throughput_tok_s",)
+
 
 def _pct(values: pd.Series | np.ndarray, q: float) -> float:
     arr = np.asarray(values, dtype=float)
@@ -86,7 +91,7 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame | None = None,
         "preemptions": int(requests["num_preemptions"].sum()),
         "prefix_hit_rate": float(done["num_cached_tokens"].sum()) / prompt_tokens if prompt_tokens else 0.0,
     }
-    for name in ("ttft", "tpot", "e2e"):
+    for name in LATENCIES:
         values = lat[name].to_numpy(dtype=float)
         values = values[~np.isnan(values)]
         s[f"{name}_mean_s"] = float(values.mean()) if values.size else math.nan

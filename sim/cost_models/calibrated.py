@@ -25,14 +25,15 @@ import numpy as np
 
 from sim.batch import StepBatch
 from sim.cost_models.base import CostModelDefaults
-from sim.cost_models.parts import PART_TERMS, PARTS, RANGE_FIELDS, StepParts, part_features
+from sim.cost_models.parts import (DEVICE_TERMS, PART_TERMS, PARTS, RANGE_FIELDS, TERM_UNITS, StepParts,
+                                   part_features)
 from sim.cost_models.residuals import ResidualSampler
 from sim.intake import Intake
 
 PROFILE_KIND = "stepscope-cost-profile"
 PROFILE_FORMAT_VERSION = 3
 READABLE_FORMAT_VERSIONS = (1, 2, 3)
-COEFFICIENTS = ("c0", "c_p", "c_d", "c_ctx", "c_attn", "c_seq", "c_pseq")
+COEFFICIENTS = DEVICE_TERMS  # a profile's top-level `coefficients`: its device law
 # Terms added after a profile format first shipped: 0 where an older profile has none.
 LATER_COEFFICIENTS = frozenset({"c_pseq"})
 
@@ -40,8 +41,7 @@ LATER_COEFFICIENTS = frozenset({"c_pseq"})
 def coefficient(coefficients: dict[str, Any], name: str) -> Any:
     """A law's coefficient as stored; a term newer than the profile reads as 0, any other missing raises."""
     return coefficients.get(name, 0.0) if name in LATER_COEFFICIENTS else coefficients[name]
-UNITS = {"c0": "s/step", "c_p": "s/prefill token", "c_d": "s/decode token", "c_ctx": "s/context token",
-         "c_attn": "s/prefill attention pair", "c_seq": "s/sequence", "c_pseq": "s/prefill sequence"}
+UNITS = {k: f"s/{TERM_UNITS[k]}" for k in COEFFICIENTS}
 
 
 def nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
