@@ -35,13 +35,14 @@ from sim.batch import StepBatch  # noqa: E402
 from sim.loop import Simulator  # noqa: E402
 from sim.report import format_sim_summary, load_for_summary, sim_summary  # noqa: E402
 from sim.sources import open_source  # noqa: E402
+from sim.cost_models.base import CostModelDefaults  # noqa: E402
 
 AZURE_CONV = "workloads/azure_conv.yaml"
 # llama-3.1-8b serves 128k tokens; the engine's 4,096 default would reject the trace's longest prompts.
 MAX_MODEL_LEN = 32_768
 
 
-class FixedCost:
+class FixedCost(CostModelDefaults):
     """Stand-in when the roofline model is missing: 5 ms per step plus per-token costs."""
 
     name = "fixed-stand-in"

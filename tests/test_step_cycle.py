@@ -5,6 +5,7 @@ from core_helpers import EOS, make_requests
 
 from engine.core import CacheConfig, ModelRunnerOutput, SchedulerConfig, make_scheduler
 from engine.core.step_cycle import StepCycle
+from sim.cost_models.base import CostModelDefaults
 
 
 class _Runner:
@@ -139,7 +140,7 @@ def test_engine_with_async_scheduling_generates_what_the_synchronous_engine_does
     assert runs[0] == runs[1]
 
 
-class _LinearCost:
+class _LinearCost(CostModelDefaults):
     name = "linear-test"
 
     def step_time(self, batch, step: int) -> float:

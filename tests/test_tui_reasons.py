@@ -17,9 +17,10 @@ from tui.model import RunIndex
 from tui.reasons import explained_lifecycle
 from tui.views import scheduled_rows, waiting_rows
 from tui.widgets.vtable import VTable
+from sim.cost_models.base import CostModelDefaults
 
 
-class _FixedCost:
+class _FixedCost(CostModelDefaults):
     """Every step takes 10 ms."""
 
     name = "fixed-test"
