@@ -209,7 +209,7 @@ class TraceWriter:
                     else:
                         self._compact()
             self.update_meta(complete=True, ended_at=time.time(), **final_meta)
-        except BaseException:  # a second Ctrl-C: what is on disk stays as it is, the directory is let go
+        except BaseException:  # a write error or a second Ctrl-C: what is on disk stays, the directory is let go
             self._abandon()
             raise
         self.lock.release()
