@@ -44,9 +44,13 @@ class LLMEngine:
         try:
             request, text = self.input_processor.process_inputs(request_id, prompt, params, arrival_time, priority)
         except ValueError as e:
-            ids = prompt.get("prompt_token_ids", []) if isinstance(prompt, dict) else []
-            ids = [t for t in map(as_int, ids) if t is not None] if isinstance(ids, (list, tuple)) else []
-            self.reject_request(request_id, str(e), arrival_time, prompt if isinstance(prompt, str) else None, ids)
+            raw = prompt.get("prompt_token_ids", []) if isinstance(prompt, dict) else []
+            raw = raw if isinstance(raw, (list, tuple)) else []
+            if len(raw) > self.max_model_len:  # the trace keeps its length, not a copy of its ids
+                ids, n = [], len(raw)
+            else:
+                ids, n = [t for t in map(as_int, raw) if t is not None], None
+            self.reject_request(request_id, str(e), arrival_time, prompt if isinstance(prompt, str) else None, ids, n)
             return False
         self.output_processor.add_request(request_id, text, request.prompt_token_ids, request.sampling_params,
                                           request.arrival_time)

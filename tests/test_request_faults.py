@@ -124,3 +124,15 @@ def test_sim_plan_refuses_an_over_long_workload_prompt_without_making_its_ids(tm
                      "--hardware", "h100", "--jobs", "1", "--no-progress"]) == 0
     assert made and max(made) <= 5000
     assert "rejected: prompt longer than max_model_len=4096" in capsys.readouterr().out
+
+
+def test_an_over_long_token_prompt_is_traced_by_its_length_not_its_ids(tmp_path):
+    import traces
+
+    llm = LLM(device="cpu", max_num_seqs=2, trace=str(tmp_path / "t"))
+    out = llm.generate([{"prompt_token_ids": [5] * 50_000}, {"prompt_token_ids": [5, 6]}], GREEDY, use_tqdm=False)
+    llm.shutdown()
+    assert [o.outputs[0].finish_reason for o in out] == ["error", "length"]
+    req = traces.load(tmp_path / "t").requests.set_index("request_id")
+    refused = req.loc[out[0].request_id]
+    assert refused["num_prompt_tokens"] == 50_000 and len(refused["prompt_token_ids"]) == 0
