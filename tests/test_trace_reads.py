@@ -2,6 +2,7 @@
 not finite, is read without those rows and says how many it dropped; a meta.json whose config is not an
 object is refused in one line."""
 import json
+import shutil
 
 import pandas as pd
 import pytest
@@ -22,11 +23,12 @@ def trace(tmp_path_factory):
     return out
 
 
+def _copy(trace, tmp_path):
+    return shutil.copytree(trace, tmp_path / "damaged")
+
+
 def _rewrite(trace, tmp_path, table, change):
-    out = tmp_path / "damaged"
-    out.mkdir()
-    for f in trace.iterdir():
-        (out / f.name).write_bytes(f.read_bytes())
+    out = _copy(trace, tmp_path)
     df = pd.read_parquet(out / f"{table}.parquet")
     change(df).to_parquet(out / f"{table}.parquet", index=False)
     return out
@@ -59,10 +61,7 @@ def test_steps_whose_times_are_not_finite_are_dropped_and_counted(trace, tmp_pat
 
 
 def test_a_meta_whose_config_is_not_an_object_is_one_line(trace, tmp_path, capsys):
-    damaged = tmp_path / "damaged"
-    damaged.mkdir()
-    for f in trace.iterdir():
-        (damaged / f.name).write_bytes(f.read_bytes())
+    damaged = _copy(trace, tmp_path)
     meta = json.loads((damaged / "meta.json").read_text())
     (damaged / "meta.json").write_text(json.dumps({**meta, "config": [1, 2]}))
     capsys.readouterr()
@@ -82,14 +81,6 @@ def test_the_tui_exits_non_zero_when_it_crashes(trace, monkeypatch):
     monkeypatch.setattr(StepscopeApp, "on_mount", crash)
     monkeypatch.setattr(StepscopeApp, "run", lambda self: run(self, headless=True))
     assert cli.main([str(trace)]) != 0
-
-
-def _copy(trace, tmp_path):
-    out = tmp_path / "copy"
-    out.mkdir()
-    for f in trace.iterdir():
-        (out / f.name).write_bytes(f.read_bytes())
-    return out
 
 
 @pytest.mark.parametrize("name", ["steps.parquet", "steps.jsonl"])
