@@ -36,7 +36,7 @@ def device_law(b: StepBatch) -> float:
     return float(part_matrix("device", [b])[0] @ np.array([DEVICE[k] for k in DEVICE_TERMS]))
 
 
-def record_engine_like(path, seed=0, num_requests=40, noise=0.02, speed=1.0, trace_level="full"):
+def record_engine_like(path, seed=0, num_requests=40, noise=0.02, speed=1.0, trace_level="full", mean_gap=0.02):
     """A trace timed like the engine: each step's model time follows the law (times `speed`), host phases
     and the gap before the next step follow their own laws, all with `noise`; requests arrive on that clock."""
     rng = np.random.default_rng(seed)
@@ -44,7 +44,7 @@ def record_engine_like(path, seed=0, num_requests=40, noise=0.02, speed=1.0, tra
     sched = Scheduler(SchedulerConfig(max_model_len=2048, max_num_seqs=8, max_num_batched_tokens=256),
                       CacheConfig(block_size=16, num_gpu_blocks=4000), clock=lambda: now[0])
     rec = TraceRecorder(TraceWriter(path, META), sched, trace_level=trace_level)
-    arrivals = np.cumsum(rng.exponential(0.02, num_requests))
+    arrivals = np.cumsum(rng.exponential(mean_gap, num_requests)) if mean_gap else np.zeros(num_requests)
     pending = [Request(f"r{i}", [int(x) for x in rng.integers(3, 30000, int(rng.integers(20, 300)))],
                        SamplingParams(max_tokens=int(rng.integers(4, 30)), ignore_eos=True, temperature=0.0),
                        eos_token_id=2, arrival_time=float(a)) for i, a in enumerate(arrivals)]
@@ -238,15 +238,33 @@ def test_profile_used_beyond_its_fitted_batch_shapes_warns_in_one_line():
     assert "\n" not in warning and "num_tokens up to 400 (fitted up to 100)" in warning
 
 
-def test_compare_breakdown_sums_to_the_total_difference(engine_like, tmp_path):
+BURST_FLAGS = ["--max-num-seqs", "8", "--max-num-batched-tokens", "256", "--max-model-len", "2048",
+               "--num-gpu-blocks-override", "4000"]  # record_engine_like's scheduler and cache
+
+
+def test_a_device_slower_by_a_known_factor_lands_in_the_step_time_term(tmp_path):
+    """A burst that arrives at once is decided the same whatever the step times. Replayed with its own
+    profile and with that profile's device law 25% slower, the difference between the two breakdowns is
+    all step time: host+gap and decisions stay where they were."""
+    record_engine_like(tmp_path / "a", seed=0, mean_gap=0.0)
     prof = tmp_path / "p.json"
-    assert main(["calibrate", str(engine_like / "a"), "-o", str(prof)]) == 0
-    assert main(["replay", str(engine_like / "b"), "--cost-model", str(prof), "--trace", str(tmp_path / "sim"),
-                 "--no-progress"]) == 0
-    report = compare_traces(traces.load(engine_like / "b"), traces.load(tmp_path / "sim"))
-    for name, m in report["attribution"]["metrics"].items():
-        parts = m["step_time"] + m["host_gap"] + m["divergence"] + m["retiming"]
-        assert parts == pytest.approx(m["total"], abs=1e-9), name
+    assert main(["calibrate", str(tmp_path / "a"), "-o", str(prof)]) == 0
+    slow = json.loads(prof.read_text())
+    for law in (slow["coefficients"], slow["parts"]["device"]["coefficients"]):
+        law.update({k: v * 1.25 for k, v in law.items()})
+    (tmp_path / "slow.json").write_text(json.dumps(slow))
+    breakdown = {}
+    for name in ("p", "slow"):
+        assert main(["replay", str(tmp_path / "a"), "--cost-model", str(tmp_path / f"{name}.json"), *BURST_FLAGS,
+                     "--trace", str(tmp_path / name), "--no-progress"]) == 0
+        report = compare_traces(traces.load(tmp_path / "a"), traces.load(tmp_path / name))
+        assert report["decision_match_rate"] == 1.0
+        breakdown[name] = report["attribution"]["metrics"]
+    for metric, before in breakdown["p"].items():
+        d = {k: breakdown["slow"][metric][k] - before[k] for k in ("total", "step_time", "host_gap", "divergence")}
+        slower = d["total"] < 0 if metric.endswith("_tok_s") else d["total"] > 0
+        assert slower and d["step_time"] == pytest.approx(d["total"], rel=0.01), metric
+        assert abs(d["host_gap"]) + abs(d["divergence"]) <= 0.01 * abs(d["total"]), metric
 
 
 def test_retiming_a_trace_from_its_own_step_parts_reproduces_its_metrics(engine_like):
