@@ -178,3 +178,13 @@ def test_a_prompt_vllm_refuses_fails_alone_and_the_trace_names_vllms_reason(chec
     t = traces.load(path).requests.set_index("request_id")
     assert t.loc["too-long", "finish_reason"] == "error" and t.loc["fine", "finish_reason"] == "length"
     assert rejections(t.reset_index()) == {"prompt longer than max_model_len=256": 1}
+
+
+def test_engine_run_vllm_backend_names_the_builtin_model_not_its_temporary_checkpoint(tmp_path):
+    import traces
+    from engine.cli import main
+
+    assert main(["run", "--backend", "vllm", "--max-requests", "2", "--trace", str(tmp_path / "t"),
+                 "--no-progress"]) == 0
+    model = traces.load(tmp_path / "t").meta["config"]["model"]
+    assert (model["model"], model["source"]) == ("builtin", "builtin")

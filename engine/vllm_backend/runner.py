@@ -140,8 +140,12 @@ def main_run_vllm(args: Namespace, workload: Any) -> int:
     if args.workload is None and _vllm_on_cpu():
         workload = workload.scaled(**CPU_SCALE)  # the same default workload as the stepscope engine on CPU
     sched = engine.scheduler
-    sched.stepscope.writer.update_meta(workload={**workload.to_dict(), "time_scale": args.time_scale,
-                                                 "max_requests": args.max_requests})
+    writer = sched.stepscope.writer
+    if tmp_model is not None:  # named as the stepscope engine names it, not by a directory gone after the run
+        config = writer.meta["config"]
+        config["model"] = {**config["model"], "model": "builtin", "source": "builtin", "seed": args.seed}
+    writer.update_meta(workload={**workload.to_dict(), "time_scale": args.time_scale,
+                                 "max_requests": args.max_requests})
     sched.stepscope.set_t0(time.monotonic())
     result = run_workload(engine, workload, args.time_scale, args.max_requests, progress=not args.no_progress)
     sched.close_trace(interrupted=result.interrupted, wall_time=result.wall_time)
