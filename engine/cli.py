@@ -10,6 +10,7 @@ import sys
 
 from engine.config import EngineArgs
 from engine.core.flags import OneLineParser, flag_error, flags_of
+from traces.console import run_cli
 
 
 def _add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -70,22 +71,18 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
-    try:
-        if args.command == "generate":
-            return _generate(args)
-        from engine.run import main_run
 
-        return main_run(args)
-    except ValueError as e:
-        print(f"engine {args.command}: error: {flag_error(e, flags_of(EngineArgs))}", file=sys.stderr)
-        return 2
-    except OSError as e:
-        where = f"{e.filename}: " if e.filename else ""
-        print(f"engine {args.command}: error: {where}{e.strerror or e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:  # a second Ctrl-C, while the trace was being closed
-        print(f"engine {args.command}: interrupted; a trace keeps what was written before", file=sys.stderr)
-        return 130
+    def body() -> int:
+        try:
+            if args.command == "generate":
+                return _generate(args)
+            from engine.run import main_run
+
+            return main_run(args)
+        except ValueError as e:  # a config error names the flag, not the dataclass field
+            raise flag_error(e, flags_of(EngineArgs)) from None
+
+    return run_cli(f"engine {args.command}", body)
 
 
 if __name__ == "__main__":

@@ -305,11 +305,8 @@ def main(argv: list[str] | None = None) -> int:
     from traces import TraceError
     from workloads import WorkloadError
 
-    try:
-        return run_cli(f"sim {args.command}", lambda: replay(args) if args.command == "replay" else compare(args),
-                       (WorkloadError, TraceError, CostModelError, SimulationError, ValueError))
-    except KeyboardInterrupt:
-        return 130
+    return run_cli(f"sim {args.command}", lambda: replay(args) if args.command == "replay" else compare(args),
+                   (WorkloadError, TraceError, CostModelError, SimulationError, ValueError))
 
 
 if __name__ == "__main__":

@@ -32,8 +32,10 @@ def first_line(e: BaseException) -> str:
 
 
 def run_cli(prog: str, body: Callable[[], int], errors: tuple[type[BaseException], ...] = (ValueError,)) -> int:
-    """Run a command's body: `errors` (and OS errors) become `PROG: error: ...` and exit 2; a reader that
-    went away (`| head`) is one line too, not a BrokenPipeError traceback at exit."""
+    """Every command's edge (`engine`, `sim`, `python -m traces`, `tui`): `errors` (and OS errors) become
+    `PROG: error: ...` and exit 2; a reader that went away (`| head`) is one line too, not a BrokenPipeError
+    traceback at exit; a Ctrl-C that reaches here (a second one, while a trace is closed) is one line and
+    exit 130."""
     one_line_warnings()
     try:
         rc = body()
@@ -51,5 +53,9 @@ def run_cli(prog: str, body: Callable[[], int], errors: tuple[type[BaseException
         print(f"{prog}: error: input is not UTF-8 ({first_line(e)})", file=sys.stderr)
         return 2
     except OSError as e:
-        print(f"{prog}: error: {e.filename or ''}: {e.strerror or first_line(e)}", file=sys.stderr)
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"{prog}: error: {where}{e.strerror or first_line(e)}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted; a trace keeps what was written before", file=sys.stderr)
+        return 130
