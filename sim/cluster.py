@@ -180,7 +180,7 @@ class Replica:
                 batch_from_output(so), self.num_launched)
             self.num_launched += 1
             self.ends.append(self.device_free)
-            if not (so.total_num_scheduled_tokens or cycle.has_work()):
+            if not cycle.may_schedule_ahead(so):
                 break
         if not self.ends:
             return None

@@ -255,8 +255,7 @@ class Simulator:
                 device_free = max(self.now, device_free) + step_time(batch_from_output(so), launched)
                 launched += 1
                 ends.append(device_free)
-                if len(cycle.in_flight) < cycle.batch_queue_size and (so.total_num_scheduled_tokens
-                                                                       or cycle.has_work()):
+                if cycle.may_schedule_ahead(so):
                     continue
             elif not cycle.in_flight:
                 if nxt is None:

@@ -126,13 +126,18 @@ class StepCycle:
         outputs = [EngineCoreOutput(rid, [], "error", message, freed_block_ids=blocks) for rid, blocks in freed.items()]
         return EngineCoreOutputs(outputs, scheduler.make_stats())
 
+    def may_schedule_ahead(self, so: SchedulerOutput) -> bool:
+        """vLLM's batch queue: after launching `so`, schedule the next step before finishing the oldest
+        while the queue has room and `so` did something or more work waits."""
+        return len(self.in_flight) < self.batch_queue_size and bool(so.total_num_scheduled_tokens or self.has_work())
+
     def step(self) -> EngineCoreOutputs:
         """One call of the engine core's loop: synchronous, or vLLM's step_with_batch_queue order
         (schedule the next step while one is in flight; finish the oldest once the queue is full or
         nothing more can be scheduled)."""
         if self.has_work():
             so = self.begin()
-            if len(self.in_flight) < self.batch_queue_size and (so.total_num_scheduled_tokens or self.has_work()):
+            if self.may_schedule_ahead(so):
                 return EngineCoreOutputs()
         elif not self.in_flight:
             return EngineCoreOutputs()
