@@ -20,7 +20,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sim.report import metric_label, token_times
+from sim.report import metric_label
+from sim.token_stats import token_times
 from traces.summary import HEADLINE_METRICS, summarize
 
 

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sim.token_stats import TokenStats, stream_token_stats
+from sim.token_stats import TokenStats, stream_token_stats, token_times
 from traces.schema import REQUEST_COLUMNS
 from traces.summary import LATENCIES, format_summary, request_latencies, summarize
 
@@ -56,44 +56,6 @@ def parse_slo(text: str) -> list[SLO]:
     if not out:
         raise ValueError("--slo: no SLO given (e.g. ttft_p99=2s,tpot_p99=80ms)")
     return out
-
-
-def token_times(decisions: pd.DataFrame, steps: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
-    """(request codes, times) of every output token, sorted by request then time.
-
-    A request emits a token in a step that computes its last known token: every decode row, and a
-    prefill row that completes the prompt (the next row of that request is a decode, or it finishes in
-    that step). The time is the step's end, when the token is out. Arrays are 32-bit and the finish
-    lookup touches only each request's last row: a long replay has tens of millions of rows."""
-    event = decisions["event"]
-    is_sched = (event == "schedule").to_numpy(dtype=bool)
-    if not is_sched.any():
-        return np.empty(0, dtype=np.int32), np.empty(0)
-    rid = decisions["request_id"]
-    codes = (rid.cat.codes.to_numpy() if isinstance(rid.dtype, pd.CategoricalDtype)
-             else pd.factorize(rid)[0]).astype(np.int32, copy=False)
-    is_fin = (event == "finish").to_numpy(dtype=bool)
-    step_all = decisions["step"].to_numpy().astype(np.int32, copy=False)
-    fin_keys = codes[is_fin].astype(np.int64) << 32 | step_all[is_fin]
-    code, step = codes[is_sched], step_all[is_sched]
-    decode = (decisions["phase"] == "decode").to_numpy(dtype=bool)[is_sched]
-    del codes, step_all, is_fin, is_sched
-    # Rows are written in step order; a stable sort by request then keeps each request's steps in order.
-    order = np.argsort(code, kind="stable") if (np.diff(step) >= 0).all() else np.lexsort((step, code))
-    code, step, decode = code[order], step[order], decode[order]
-    del order
-    same_next = np.r_[code[1:] == code[:-1], False]
-    emit = decode | (np.r_[decode[1:], False] & same_next)
-    last = np.flatnonzero(~same_next & ~decode)
-    emit[last] = np.isin(code[last].astype(np.int64) << 32 | step[last], fin_keys)
-    step_no = steps["step"].to_numpy(dtype=np.int64)
-    end = steps["end"].to_numpy(dtype=float)
-    order = np.argsort(step_no, kind="stable")
-    emitted = step[emit]
-    pos = np.searchsorted(step_no[order], emitted)
-    found = (pos < len(order)) & (step_no[order][np.minimum(pos, len(order) - 1)] == emitted)
-    times = np.where(found, end[order][np.minimum(pos, len(order) - 1)], np.nan)
-    return code[emit], times
 
 
 def inter_token_latencies(decisions: pd.DataFrame, steps: pd.DataFrame) -> np.ndarray:

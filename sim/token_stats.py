@@ -1,11 +1,12 @@
-"""Per-token figures of a replay (inter-token latencies, tokens out over time) streamed from the decisions
-table a batch at a time: a 200k-request replay has ~15M decision rows, and holding them as a DataFrame,
-plus the sorted per-token arrays `sim.report.token_times` builds from it, costs more than a gigabyte.
+"""Which rows of a decisions table emit an output token, and the per-token figures of a replay (inter-token
+latencies, tokens out over time) built from them, in memory (`token_times`) or streamed a batch at a time
+(`TokenStream`): a 200k-request replay has ~15M decision rows, and holding them as a DataFrame, plus the
+sorted per-token arrays, costs more than a gigabyte.
 
-The rules are `token_times`': a request emits a token in a step that computes its last known token, i.e.
-every decode row, and a prefill row that completes the prompt (the request's next row is a decode, or it
-finishes in that step); the token's time is the step's end. Walking the rows in step order, a prefill is
-held per request until that request's next row (or the end) settles it.
+The rule (`emitting_rows`, written once for both): a request emits a token in a step that computes its
+last known token, i.e. every decode row, and a prefill row that completes the prompt (the request's next
+row is a decode, or it finishes in that step); the token's time is the step's end. Walking the rows in
+step order, a prefill is held per request until that request's next row (or the end) settles it.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 
 @dataclass(slots=True)
@@ -28,7 +30,7 @@ class TokenStats:
 
     @classmethod
     def from_token_times(cls, codes: np.ndarray, times: np.ndarray) -> TokenStats:
-        """From `token_times`' per-token arrays (the in-memory path)."""
+        """From `token_times`' per-token arrays."""
         itl = np.diff(times)[codes[1:] == codes[:-1]] if len(codes) > 1 else np.empty(0)
         t, n = np.unique(times[~np.isnan(times)], return_counts=True)
         return cls(itl[~np.isnan(itl)], t, n)
@@ -46,7 +48,7 @@ class TokenStats:
 
 
 class _StepEnds:
-    """Step number -> end time, by binary search as `token_times` looks them up (NaN when missing)."""
+    """Step number -> end time (NaN when missing)."""
 
     def __init__(self, steps: Any) -> None:
         step_no = steps["step"].to_numpy(dtype=np.int64)
@@ -69,6 +71,42 @@ class _StepEnds:
             pos = np.minimum(np.searchsorted(self.step_no, steps), n - 1)
             found = self.step_no[pos] == steps
         return np.where(found, self.end[pos], np.nan), pos, found
+
+
+def emitting_rows(code: np.ndarray, decode: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(emits, last) over schedule rows grouped by request, each request's rows in step order: a decode row
+    emits, and so does a prefill row followed by a decode of its request. A request's last row, where it
+    is a prefill, emits only if the request finished in that step, which the caller alone can tell:
+    `emits` is False there."""
+    last = np.r_[code[1:] != code[:-1], True]
+    return decode | (np.r_[decode[1:], False] & ~last), last
+
+
+def token_times(decisions: pd.DataFrame, steps: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """(request codes, times) of every output token, sorted by request then time, the whole decisions
+    table at once. Arrays are 32-bit and the finish lookup touches only each request's last row: a long
+    replay has tens of millions of rows."""
+    event = decisions["event"]
+    is_sched = (event == "schedule").to_numpy(dtype=bool)
+    if not is_sched.any():
+        return np.empty(0, dtype=np.int32), np.empty(0)
+    rid = decisions["request_id"]
+    codes = (rid.cat.codes.to_numpy() if isinstance(rid.dtype, pd.CategoricalDtype)
+             else pd.factorize(rid)[0]).astype(np.int32, copy=False)
+    is_fin = (event == "finish").to_numpy(dtype=bool)
+    step_all = decisions["step"].to_numpy().astype(np.int32, copy=False)
+    fin_keys = codes[is_fin].astype(np.int64) << 32 | step_all[is_fin]
+    code, step = codes[is_sched], step_all[is_sched]
+    decode = (decisions["phase"] == "decode").to_numpy(dtype=bool)[is_sched]
+    del codes, step_all, is_fin, is_sched
+    # Rows are written in step order; a stable sort by request then keeps each request's steps in order.
+    order = np.argsort(code, kind="stable") if (np.diff(step) >= 0).all() else np.lexsort((step, code))
+    code, step, decode = code[order], step[order], decode[order]
+    del order
+    emit, last = emitting_rows(code, decode)
+    pending = np.flatnonzero(last & ~decode)
+    emit[pending] = np.isin(code[pending].astype(np.int64) << 32 | step[pending], fin_keys)
+    return code[emit], _StepEnds(steps).find(step[emit].astype(np.int64))[0]
 
 
 class TokenStream:
@@ -114,9 +152,8 @@ class TokenStream:
             return True
         order = np.argsort(c, kind="stable")  # rows are in step order, so each request's stay in it
         c, s, d = c[order], s[order], d[order]
-        change = c[1:] != c[:-1]
-        first, last = np.r_[True, change], np.r_[change, True]
-        emit = d | (np.r_[d[1:], False] & ~last)
+        emit, last = emitting_rows(c, d)
+        first = np.r_[True, last[:-1]]
         # A prefill left pending by an earlier batch emits if this request's next row is a decode.
         head = c[first]
         settled = self.has_pending[head] & d[first]
@@ -224,8 +261,6 @@ class _RequestCodes:
     table of the requests table's ids (built once), a dict only for ids it lacks (a run cut short)."""
 
     def __init__(self, known: Sequence[Any]) -> None:
-        import pandas as pd
-
         self.known = pd.Index(known).unique()
         self.extra: dict[Any, int] = {}
 
