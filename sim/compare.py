@@ -9,6 +9,7 @@ two engine runs: how much the machine's speed changed between them; sim.speed_sh
 """
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any
 
 import numpy as np
@@ -18,53 +19,11 @@ from sim.attribution import attribute, format_attribution
 from sim.report import metric_label
 from sim.speed_shift import same_shape_speed
 from traces.describe import config_differences
-from traces.diff import aligned_pairs, ids_list, index_pairs, matching_steps
+from traces.diff import aligned_pairs, explain_step, index_pairs, matching_steps
 from traces.summary import LATENCIES, summarize
 
 METRICS = tuple(f"{m}_{s}_s" for m in LATENCIES for s in ("mean", "p50", "p90", "p99")) + (
     "output_throughput_tok_s", "request_throughput_req_s", "duration_s")
-
-
-def _describe_rows(rows: pd.DataFrame) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for r in rows.itertuples(index=False):
-        if r.event == "schedule":
-            out["schedule"] = {"num_tokens": int(r.num_tokens), "phase": r.phase,
-                               "num_computed_tokens": int(r.num_computed_tokens),
-                               "prefix_hit_tokens": int(r.prefix_hit_tokens),
-                               "blocks_gained": ids_list(r.blocks_gained)}
-        else:
-            out[r.event] = {"blocks_freed": ids_list(r.blocks_freed), "finish_reason": r.finish_reason or None}
-    return out
-
-
-def explain_step(da: pd.DataFrame, db: pd.DataFrame, step: int) -> list[dict[str, Any]]:
-    """Per request whose rows differ at `step`: what A and B did and which aspects differ."""
-    a, b = da[da["step"] == step], db[db["step"] == step]
-    diffs = []
-    for rid in sorted(set(a["request_id"]) | set(b["request_id"])):
-        ra, rb = _describe_rows(a[a["request_id"] == rid]), _describe_rows(b[b["request_id"] == rid])
-        if ra == rb:
-            continue
-        what = []
-        sa, sb = ra.get("schedule"), rb.get("schedule")
-        if (sa is None) != (sb is None):
-            what.append("scheduled in " + ("A" if sa else "B") + " only")
-        elif sa is not None:
-            for key, label in (("num_tokens", "tokens"), ("phase", "phase"), ("num_computed_tokens", "computed tokens"),
-                               ("prefix_hit_tokens", "prefix hits"), ("blocks_gained", "blocks gained")):
-                if sa[key] != sb[key]:
-                    what.append(f"{label}: {sa[key]} vs {sb[key]}")
-        for event, label in (("preempt", "preempted"), ("finish", "finished"), ("abort", "aborted"),
-                             ("reject", "rejected")):
-            ea, eb = ra.get(event), rb.get(event)
-            if (ea is None) != (eb is None):
-                what.append(f"{label} in " + ("A" if ea else "B") + " only")
-            elif ea is not None and ea != eb:
-                what.append(f"{label}: blocks freed {ea['blocks_freed']} vs {eb['blocks_freed']}, "
-                            f"reason {ea['finish_reason']} vs {eb['finish_reason']}")
-        diffs.append({"request_id": rid, "differences": what, "a": ra, "b": rb})
-    return diffs
 
 
 def _rel(a: float, b: float) -> float | None:
@@ -101,7 +60,8 @@ def compare_traces(a: Any, b: Any) -> dict[str, Any]:
         "matched_steps": matched, "decision_match_rate": matched / n if n else 1.0,
         "aligned_matched_steps": int(paired.sum()) if pairing == "aligned" else None,
         "first_divergent_step": first,
-        "divergence": explain_step(da, db, first) if first is not None else [],
+        "divergence": [asdict(d) for d in explain_step(da[da["step"] == first], db[db["step"] == first])]
+        if first is not None else [],
         "metrics": metrics, "step_time_mape": mape, "steps_aligned": k,
         "identical_step_time_mape": _mape(ta[paired], tb[pairs[paired]]), "identical_steps_paired": pairing,
         "attribution": attribute(a, b, pairs, pairing),
@@ -181,7 +141,7 @@ def format_report(r: dict[str, Any]) -> str:
     else:
         lines.append(f"first divergent step: {r['first_divergent_step']}")
         for d in r["divergence"]:
-            lines.append(f"  {d['request_id']}: " + "; ".join(d["differences"] or ["rows differ"]))
+            lines.append(f"  {d['request_id']}: " + "; ".join(d["differences"]))
     lines.extend(_metric_lines(r))
     mape = r["step_time_mape"]
     lines.append(f"step time MAPE: {'n/a' if mape is None else f'{mape * 100:.2f}%'} over {r['steps_aligned']} "

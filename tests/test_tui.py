@@ -252,14 +252,14 @@ def test_compare_finds_the_first_divergence_planted_in_a_pair_of_traces(dirs, ru
     cmp = Comparison(run_a, run_b)
     assert cmp.first_divergence == 2
     why = "\n".join(cmp.explain(2))
-    assert "r1 scheduled in A only" in why and "queued only at 0.0300 s" in why
+    assert "r1: scheduled in A only" in why and "queued only at 0.0300 s" in why
     assert "same decisions" in cmp.explain(1)[0]
 
 
 def test_f_jumps_to_the_first_divergence_and_explains_it(dirs, run_a):
     def check(app):
         assert app.pos == 2 and app.active_tab == "compare"
-        assert "r1 scheduled in A only" in static_text(app, "compare-explain")
+        assert "r1: scheduled in A only" in static_text(app, "compare-explain")
         assert app.query_one("#compare-table", VTable).cursor == 2
     drive(StepscopeApp(run_a, RunIndex(open_trace(dirs["b"]), "B")), ["f"], check=check)
 

@@ -3,12 +3,14 @@ and the TUI's compare view.
 
 A step matches when both traces made the same decisions in it, as multisets of rows (request, event,
 tokens, phase, computed tokens, prefix hits, blocks gained and freed, finish reason), whatever order they
-wrote them in; a step present in one trace only diverges. Step times never count.
+wrote them in; a step present in one trace only diverges. Step times never count. `explain_step` says,
+request by request, how a divergent step differs (both tools print it).
 """
 from __future__ import annotations
 
 import difflib
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -94,3 +96,58 @@ def aligned_pairs(da: pd.DataFrame, num_steps_a: int, db: pd.DataFrame, num_step
 def index_pairs(same: np.ndarray, num_steps_a: int) -> np.ndarray:
     """`aligned_pairs`' form of the by-index match: step i of A pairs with step i of B where they match."""
     return np.where(same[:num_steps_a], np.arange(num_steps_a), -1)
+
+
+@dataclass(slots=True)
+class RequestDifference:
+    """What one request did differently in a step: the differences in words, and its rows in A and in B
+    (per event; a schedule row as its numbers, a preempt or finish as what it freed and why)."""
+
+    request_id: str
+    differences: list[str]
+    a: dict[str, Any]
+    b: dict[str, Any]
+
+
+def _describe_rows(rows: pd.DataFrame) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for r in rows.itertuples(index=False):
+        if r.event == "schedule":
+            out["schedule"] = {"num_tokens": int(r.num_tokens), "phase": r.phase,
+                               "num_computed_tokens": int(r.num_computed_tokens),
+                               "prefix_hit_tokens": int(r.prefix_hit_tokens),
+                               "blocks_gained": ids_list(r.blocks_gained)}
+        else:
+            out[r.event] = {"blocks_freed": ids_list(r.blocks_freed), "finish_reason": r.finish_reason or None}
+    return out
+
+
+def explain_step(rows_a: pd.DataFrame, rows_b: pd.DataFrame) -> list[RequestDifference]:
+    """Per request whose rows differ between A's and B's rows of one step (as `normalized_decisions`
+    gives them), in request id order."""
+    diffs = []
+    for rid in sorted(set(rows_a["request_id"]) | set(rows_b["request_id"])):
+        ra = _describe_rows(rows_a[rows_a["request_id"] == rid])
+        rb = _describe_rows(rows_b[rows_b["request_id"] == rid])
+        if ra == rb:
+            continue
+        what = []
+        sa, sb = ra.get("schedule"), rb.get("schedule")
+        if (sa is None) != (sb is None):
+            row = sa or sb
+            what.append(f"scheduled in {'A' if sa else 'B'} only ({row['num_tokens']} tokens, {row['phase']})")
+        elif sa is not None:
+            for key, label in (("num_tokens", "tokens"), ("phase", "phase"), ("num_computed_tokens", "computed tokens"),
+                               ("prefix_hit_tokens", "prefix hits"), ("blocks_gained", "blocks gained")):
+                if sa[key] != sb[key]:
+                    what.append(f"{label}: {sa[key]} vs {sb[key]}")
+        for event, label in (("preempt", "preempted"), ("finish", "finished"), ("abort", "aborted"),
+                             ("reject", "rejected")):
+            ea, eb = ra.get(event), rb.get(event)
+            if (ea is None) != (eb is None):
+                what.append(f"{label} in " + ("A" if ea else "B") + " only")
+            elif ea is not None and ea != eb:
+                what.append(f"{label}: blocks freed {ea['blocks_freed']} vs {eb['blocks_freed']}, "
+                            f"reason {ea['finish_reason']} vs {eb['finish_reason']}")
+        diffs.append(RequestDifference(rid, what or ["rows differ"], ra, rb))
+    return diffs

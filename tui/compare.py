@@ -5,19 +5,9 @@ and a cost model."""
 from __future__ import annotations
 
 import numpy as np
-import pandas as pd
 
-from traces.diff import matching_steps
+from traces.diff import explain_step, matching_steps, normalized_decisions
 from tui.model import RunIndex, as_float
-
-def _describe(row: pd.Series | None) -> str:
-    if row is None:
-        return "nothing"
-    if row["event"] == "schedule":
-        n = int(row["num_tokens"])
-        return f"{n} token{'s' * (n != 1)} ({row['phase']})"
-    return str(row["event"])
-
 
 class Comparison:
     """Aligned steps of runs A and B, the steps where they diverge, and why."""
@@ -65,23 +55,8 @@ class Comparison:
 
     def _decision_diffs(self, pos: int) -> list[str]:
         rows_a, rows_b = self.a.decisions_at(pos), self.b.decisions_at(pos)
-        key = ["request_id", "event"]
-        ia = {tuple(r[k] for k in key): r for _, r in rows_a.iterrows()}
-        ib = {tuple(r[k] for k in key): r for _, r in rows_b.iterrows()}
-        out = []
-        for k in sorted(set(ia) | set(ib), key=lambda k: (str(k[0]), str(k[1]))):
-            ra, rb = ia.get(k), ib.get(k)
-            same = ra is not None and rb is not None and all(
-                str(ra[c]) == str(rb[c]) for c in ("num_tokens", "phase"))
-            if same:
-                continue
-            verb = "scheduled" if k[1] == "schedule" else k[1]
-            if ra is None or rb is None:
-                which, row = ("A", ra) if rb is None else ("B", rb)
-                out.append(f"{k[0]} {verb} in {which} only: {_describe(row)}")
-            else:
-                out.append(f"{k[0]} scheduled for {_describe(ra)} in A, {_describe(rb)} in B")
-        return out
+        return [f"{d.request_id}: " + "; ".join(d.differences)
+                for d in explain_step(normalized_decisions(rows_a), normalized_decisions(rows_b))]
 
     def _queue_diffs(self, pos: int) -> list[str]:
         """Requests that had arrived in one run but not the other when the step started: the usual cause."""
