@@ -3,8 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from engine.core.sched_output import SchedulerOutput
+
+
+def causal_pairs(num_tokens: Any, num_computed_before: Any) -> Any:
+    """Query-key pairs of a causal prefill chunk: each of its `num_tokens` queries attends to everything
+    computed before it and to itself. Numbers or numpy arrays alike."""
+    return num_tokens * (num_computed_before + (num_tokens + 1) / 2)
 
 
 @dataclass(slots=True)
@@ -12,8 +19,8 @@ class StepBatch:
     """Token counts and attention work of one step.
 
     `context_tokens` sums, over scheduled requests, the context each one attends to after this step
-    (computed before + scheduled): the KV bytes read. `prefill_attention` sums q_len * (computed
-    before + (q_len + 1) / 2) over prefill chunks: the causal attention FLOPs, up to a constant.
+    (computed before + scheduled): the KV bytes read. `prefill_attention` sums `causal_pairs` over
+    prefill chunks: the causal attention FLOPs, up to a constant.
     Per-kernel cost models also read each prefill chunk (new tokens, computed before) and the range of
     the decodes' contexts (attention over uneven contexts costs more than over their mean).
     """
@@ -49,7 +56,7 @@ class StepBatch:
         else:
             self.num_prefill_tokens += num_tokens
             self.num_prefill_seqs += 1
-            self.prefill_attention += num_tokens * (num_computed_before + (num_tokens + 1) / 2)
+            self.prefill_attention += causal_pairs(num_tokens, num_computed_before)
             self.prefill_chunks.append((num_tokens, num_computed_before))
 
 
@@ -71,7 +78,7 @@ def batch_from_output(so: SchedulerOutput) -> StepBatch:
         context += computed
         prefill_tokens += n
         prefill_seqs += 1
-        attention += n * (computed + (n + 1) / 2)
+        attention += causal_pairs(n, computed)
         chunks.append((n, computed))
     if len(cached.req_ids) > len(decodes):
         for rid, computed in zip(cached.req_ids, cached.num_computed_tokens):
@@ -79,7 +86,7 @@ def batch_from_output(so: SchedulerOutput) -> StepBatch:
                 n = tokens[rid]
                 prefill_tokens += n
                 prefill_seqs += 1
-                attention += n * (computed + (n + 1) / 2)
+                attention += causal_pairs(n, computed)
                 chunks.append((n, computed))
     low = high = 0
     if decodes:

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sim.batch import StepBatch
+from sim.batch import StepBatch, causal_pairs
 from sim.cost_models.calibrated import (PROFILE_FORMAT_VERSION, PROFILE_KIND, device_label, model_label,
                                         trace_identity)
 from sim.cost_models.parts import PART_TERMS, PARTS, TERM_UNITS, batch_range, part_matrix
@@ -45,7 +45,7 @@ def step_table(trace: Trace) -> pd.DataFrame:
     per_row = pd.DataFrame({
         "step": d["step"].to_numpy(dtype=np.int64), "pt": np.where(dec, 0, n), "dt": np.where(dec, n, 0),
         "ps": (~dec).astype(np.int64), "ds": dec.astype(np.int64), "ctx": c + n,
-        "attn": np.where(dec, 0.0, n * (c + (n + 1) / 2))})
+        "attn": np.where(dec, 0.0, causal_pairs(n, c))})
     agg = per_row.groupby("step").sum()
     s = trace.steps.sort_values("step").set_index("step")
     dur = (s["end"] - s["start"]).clip(lower=0)

@@ -11,7 +11,7 @@ from engine.core.outputs import ModelRunnerOutput
 from engine.core.request import Request
 from engine.core.sampling_params import SamplingParams
 from engine.core.scheduler import Scheduler
-from sim.batch import StepBatch, batch_from_output
+from sim.batch import StepBatch, batch_from_output, causal_pairs
 from sim.calibrate import calibrate
 from sim.cli import main
 from sim.compare import compare_traces, format_report
@@ -83,7 +83,7 @@ def test_mean_law_predicts_the_expected_time_of_each_kind_of_step_with_every_slo
     rng = np.random.default_rng(0)
     n = 2000
     prefill = rng.random(n) < 0.4
-    batches = [StepBatch(int(p), int(d), int(p > 0), int(d), int(p + d + c), float(p * (c + (p + 1) / 2)))
+    batches = [StepBatch(int(p), int(d), int(p > 0), int(d), int(p + d + c), float(causal_pairs(p, c)))
                for p, d, c in zip(rng.integers(1, 400, n) * prefill, rng.integers(1, 30, n), rng.integers(0, 2000, n))]
     x = part_matrix("device", batches)
     y = x @ np.array([DEVICE[k] for k in DEVICE_TERMS]) * np.exp(0.03 * rng.standard_normal(n))

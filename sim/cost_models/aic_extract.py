@@ -7,6 +7,7 @@ import csv
 from pathlib import Path
 from typing import Any
 
+from sim.batch import causal_pairs
 from sim.cost_models.aiconfigurator import (AIC_SYSTEMS, TABLES, attention_lane, attention_rows, bf16_gemm, bracket,
                                             nearest, package_root, read_table, table_file, version_key)
 
@@ -87,7 +88,7 @@ def roofline_terms(row: dict) -> dict:
     if row["kernel"] == "decode_attention":
         queries, pairs, kv_tokens = row["batch"], row["batch"] * row["kv"], row["batch"] * row["kv"]
     else:
-        queries, pairs, kv_tokens = row["m"], row["m"] * (row["m"] + 1) // 2, row["m"]
+        queries, pairs, kv_tokens = row["m"], int(causal_pairs(row["m"], 0)), row["m"]
     return {"kind": row["kernel"], "class": "attention", "queries": queries, "flops": 4 * q_size * pairs,
             "bytes": 2 * (2 * kv_tokens * kv_size + 2 * queries * q_size)}
 

@@ -12,7 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from sim.batch import StepBatch
+from sim.batch import StepBatch, causal_pairs
 from sim.cost_models.hardware import CALIBRATION_ONLY, Hardware, get_hardware, hardware_names
 from sim.cost_models.kernels import AttentionShape, KernelSumCostModel, kv_blocks
 from sim.cost_models.model_shape import DTYPE_BYTES, ModelShape, model_shape, rank_shape
@@ -72,8 +72,7 @@ class RooflineKernels:
         """Causal pairs of the prefill chunk plus one row per decode over its context, each pair 4 FLOPs
         per head dimension (QK^T and PV); every attended token's K and V read once."""
         s = self.rank
-        pairs = shape.prefill_chunk * (shape.kv_prefill + (shape.prefill_chunk + 1) / 2) \
-            + shape.n_decode * shape.kv_decode
+        pairs = causal_pairs(shape.prefill_chunk, shape.kv_prefill) + shape.n_decode * shape.kv_decode
         q = shape.prefill_chunk + shape.n_decode
         if not q:
             return 0.0
