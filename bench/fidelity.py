@@ -9,7 +9,7 @@ the error of the sampled median against the measured value per metric, and how m
 metric with the worst error, `sim compare`'s split of the deterministic replay's error (step time,
 host and gap, decisions, re-timing; medians over repeats, so the terms need not add up to the total).
 Then how much faster the machine itself ran the held-out run than the training run: device time on decode
-steps of the same shape in both (`sim.speed_shift`; no cost model enters it), beside which the split's
+steps of the same shape in both (`sim.fidelity.speed_shift`; no cost model enters it), beside which the split's
 step-time term reads as the machine's change or the model's error.
 
     python bench/fidelity.py [--repeats 3] [--samples 20] [--out runs/fidelity] [--together] [--vllm-repeats 2]
@@ -67,7 +67,7 @@ prompt_tokens: {dist: lognormal, median: 160, sigma: 0.6, min: 16, max: 1024}
 output_tokens: {dist: lognormal, median: 48, sigma: 0.6, min: 8, max: 160}
 """
 HEADLINE = ("ttft_p50", "ttft_p90", "tpot_p50", "tpot_p90", "e2e_p50", "e2e_p90", "output_throughput_tok")
-# sim compare's split of a replay's error (sim.attribution), in the order it prints them.
+# sim compare's split of a replay's error (sim.fidelity.attribution), in the order it prints them.
 BREAKDOWN = {"total": "total", "step_time": "step time", "host_gap": "host+gap", "divergence": "decisions", "retiming": "re-timing"}
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 Recorder = Callable[[Path, Path], list[str]]
@@ -131,7 +131,7 @@ def write_breakdown(heldout, predicted: Path, where: Path) -> None:
     """sim compare's error breakdown of the deterministic replay against the held-out run, per metric in
     percent of the measured value: where the prediction's error comes from."""
     import traces
-    from sim.compare import compare_traces
+    from sim.fidelity.compare import compare_traces
 
     att = compare_traces(heldout, traces.load(predicted))["attribution"]
     where.write_text(json.dumps({m.removesuffix("_s"): {k: 100 * v[k] / abs(v["a"]) for k in BREAKDOWN}
@@ -140,9 +140,9 @@ def write_breakdown(heldout, predicted: Path, where: Path) -> None:
 
 def speed_shifts(dirs: list[Path]) -> list[float]:
     """Per repeat, the held-out run's device time over the training run's on decode steps of the same
-    shape (sim.speed_shift): the machine's own change between the two runs, no cost model in it."""
+    shape (sim.fidelity.speed_shift): the machine's own change between the two runs, no cost model in it."""
     import traces
-    from sim.speed_shift import same_shape_speed
+    from sim.fidelity.speed_shift import same_shape_speed
 
     shifts = [same_shape_speed(traces.load(d / "train"), traces.load(d / "heldout")) for d in dirs
               if (d / "train").is_dir() and (d / "heldout").is_dir()]

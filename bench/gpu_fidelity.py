@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import traces  # noqa: E402
 from sim.cli import main as sim_main  # noqa: E402
-from sim.report import request_metrics  # noqa: E402
+from sim.report.summary import request_metrics  # noqa: E402
 
 METRICS = [f"{m}_{s}" for m in ("ttft", "tpot", "latency") for s in ("mean", "p50", "p90", "p99")]
 PEER_ROWS = {"TTFT": "ttft", "TPOT": "tpot", "Latency": "latency", "Mean": "mean", "Median": "p50", "P90": "p90",

@@ -14,7 +14,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from sim.plan import main_plan  # noqa: E402
+from sim.plan.command import main_plan  # noqa: E402
 
 AZURE_CONV = "workloads/azure_conv.yaml"
 SWEEP = "replicas=1..4,max_num_seqs=64,128,256,hardware=h100,h200,block_size=16,32"

@@ -31,10 +31,10 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from engine.core import CacheConfig, SchedulerConfig  # noqa: E402
-from sim.batch import StepBatch  # noqa: E402
-from sim.loop import Simulator  # noqa: E402
-from sim.report import format_sim_summary, load_for_summary, sim_summary  # noqa: E402
-from sim.sources import open_source  # noqa: E402
+from sim.cost_models.batch import StepBatch  # noqa: E402
+from sim.core.loop import Simulator  # noqa: E402
+from sim.report.summary import format_sim_summary, load_for_summary, sim_summary  # noqa: E402
+from sim.core.sources import open_source  # noqa: E402
 from sim.cost_models.base import CostModelDefaults  # noqa: E402
 
 AZURE_CONV = "workloads/azure_conv.yaml"

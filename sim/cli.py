@@ -15,7 +15,7 @@ from typing import Any
 
 from sim.cost_models.hardware import hardware_help
 from sim.flags import OneLineParser, add_engine_flags, config_error, recorded_or_flag
-from sim.plan_config import DEFAULT_HARDWARE, DEFAULT_MODEL
+from sim.plan.config import DEFAULT_HARDWARE, DEFAULT_MODEL
 from traces.recorder import TRACE_LEVELS
 
 DEFAULT_NUM_GPU_BLOCKS = 8192
@@ -134,8 +134,8 @@ def _simulate(args: argparse.Namespace, trace_dir: str, residual_seed: int | Non
     from engine.core.config import SchedulerConfig
     from sim.cost_models import get_cost_model
     from sim.cost_models.kernels import KernelSumCostModel
-    from sim.loop import Simulator
-    from sim.sources import open_source
+    from sim.core.loop import Simulator
+    from sim.core.sources import open_source
     from traces.describe import describe_replay
 
     may_follow = args.cost_model in (None, "recorded") and args.time_scale == 1.0
@@ -192,7 +192,7 @@ def _recorded_tp(source: Any) -> int:
 
 
 def replay(args: argparse.Namespace) -> int:
-    from sim.report import format_sim_summary, load_for_summary, parse_slo, sim_summary, write_plots
+    from sim.report.summary import format_sim_summary, load_for_summary, parse_slo, sim_summary, write_plots
 
     _check_flags(args)
     slos = parse_slo(args.slo) if args.slo is not None else None
@@ -206,7 +206,7 @@ def replay(args: argparse.Namespace) -> int:
     if warn:
         print(f"sim replay: warning: {' '.join(warn.split())}", file=sys.stderr)
     if args.samples:
-        from sim.samples import sample_replays
+        from sim.fidelity.samples import sample_replays
 
         summary["samples"] = sample_replays(args.samples, lambda s, d: _simulate(args, d, s), slos)
     if args.json:
@@ -217,7 +217,7 @@ def replay(args: argparse.Namespace) -> int:
               f"({result.num_steps / max(result.wall_time, 1e-9):.0f} steps/s)")
         print(format_sim_summary(summary))
         if args.samples:
-            from sim.samples import format_samples
+            from sim.fidelity.samples import format_samples
 
             print(format_samples(summary["samples"]))
     if args.plots:
@@ -259,13 +259,13 @@ def _simulated_model(name: str, source: Any, model: Any, hardware: str,
 
 def compare(args: argparse.Namespace) -> int:
     import traces
-    from sim.compare import compare_traces, format_report
+    from sim.fidelity.compare import compare_traces, format_report
 
     a, b = traces.load(args.trace_a), traces.load(args.trace_b)
     report = compare_traces(a, b)
     print(_json(report) if args.json else format_report(report))
     if args.plots:
-        from sim.compare_plots import write_qq_plots
+        from sim.fidelity.compare_plots import write_qq_plots
 
         paths = write_qq_plots(a, b, args.plots)
         if not args.json:
@@ -279,17 +279,17 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv and argv[0] == "calibrate":
         try:
-            from sim.calibrate import main_calibrate
+            from sim.calibration.calibrate import main_calibrate
         except ImportError as e:
             print(f"sim calibrate: error: not available in this build ({e})", file=sys.stderr)
             return 2
         return run_cli("sim calibrate", lambda: main_calibrate(argv[1:]))
     if argv and argv[0] == "plan":
-        from sim.plan import main_plan
+        from sim.plan.command import main_plan
 
         return run_cli("sim plan", lambda: main_plan(argv[1:]))
     if argv and argv[0] == "import-run":
-        from sim.import_run import main_import_run
+        from sim.fidelity.import_run import main_import_run
 
         return run_cli("sim import-run", lambda: main_import_run(argv[1:]))
     parser = build_parser()
@@ -301,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0
     from sim.cost_models import CostModelError
-    from sim.loop import SimulationError
+    from sim.core.loop import SimulationError
     from traces import TraceError
     from workloads import WorkloadError
 

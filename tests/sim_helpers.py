@@ -1,7 +1,7 @@
 """A cost model for simulator tests: fixed step times that order events and need no calibration."""
 from __future__ import annotations
 
-from sim.batch import StepBatch
+from sim.cost_models.batch import StepBatch
 from sim.cost_models.base import CostModelDefaults
 
 

@@ -5,7 +5,7 @@ import pytest
 
 import traces
 from sim.cli import main
-from sim.compare import compare_traces
+from sim.fidelity.compare import compare_traces
 from test_fidelity import record_engine_like
 
 

@@ -7,11 +7,11 @@ import pytest
 
 import traces
 from engine.core.config import CacheConfig, SchedulerConfig
-from sim.cluster import Cluster, replica_summary
-from sim.loop import Simulator
-from sim.plan import base_requests
-from sim.routers import make_router
-from sim.sources import SimRequest, open_source
+from sim.core.cluster import Cluster, replica_summary
+from sim.core.loop import Simulator
+from sim.plan.command import base_requests
+from sim.core.routers import make_router
+from sim.core.sources import SimRequest, open_source
 from traces.summary import summarize
 from workloads import DEFAULT_WORKLOAD, WORKLOADS_DIR
 from sim_helpers import FixedCost

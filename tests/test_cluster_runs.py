@@ -1,4 +1,4 @@
-"""Decode runs in a cluster (sim.cluster_runs) are invisible in the result: a cluster that advances its
+"""Decode runs in a cluster (sim.core.cluster_runs) are invisible in the result: a cluster that advances its
 replicas' decode-only stretches as runs ends every request exactly as the step-by-step loop does, for
 every router and replica count, with a per-step and an at-once cost model, when the SLO watch stops
 it in the middle of a run, and a one-replica cluster still reproduces the single-replica simulator."""
@@ -7,14 +7,14 @@ import pytest
 
 import traces
 from engine.core.config import CacheConfig, SchedulerConfig
-from sim.cluster import Cluster
-from sim.cluster_runs import ReplicaRuns
+from sim.core.cluster import Cluster
+from sim.core.cluster_runs import ReplicaRuns
 from sim.cost_models.roofline import RooflineCostModel
-from sim.loop import Simulator
-from sim.plan_search import miss_watch
-from sim.report import parse_slo
-from sim.routers import ROUTERS
-from sim.sources import open_source
+from sim.core.loop import Simulator
+from sim.plan.search import miss_watch
+from sim.report.summary import parse_slo
+from sim.core.routers import ROUTERS
+from sim.core.sources import open_source
 from workloads import DEFAULT_WORKLOAD
 from sim_helpers import FixedCost
 

@@ -8,8 +8,8 @@ from core_helpers import fake_output, make_requests, make_scheduler
 
 import traces
 from engine.core.model_shapes import PRESET_NAMES, get_model_config
-from sim.batch import StepBatch, batch_from_output
-from sim.calibrate import batches_from_trace, calibrate, main_calibrate
+from sim.cost_models.batch import StepBatch, batch_from_output
+from sim.calibration.calibrate import batches_from_trace, calibrate, main_calibrate
 from sim.cost_models.calibrated import CalibratedCostModel, load_profile, nnls
 from sim.cost_models.hardware import get_hardware
 from sim.cost_models.roofline import RooflineCostModel, model_shape

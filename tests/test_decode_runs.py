@@ -1,4 +1,4 @@
-"""Decode runs (sim.decode_runs) are invisible in the result: a replay that advances decode-only stretches
+"""Decode runs (sim.core.decode_runs) are invisible in the result: a replay that advances decode-only stretches
 as runs writes every trace table exactly as the step-by-step loop does, for generated workloads and
 replayed traces (stop tokens), with and without prefix caching, through preemptions, and at every trace
 level; and on a decode-heavy replay most steps do go through runs."""
@@ -6,10 +6,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from engine.core.config import CacheConfig, SchedulerConfig
-from sim.batch import StepBatch
+from sim.cost_models.batch import StepBatch
 from sim.cost_models.roofline import RooflineCostModel
-from sim.loop import Simulator
-from sim.sources import open_source
+from sim.core.loop import Simulator
+from sim.core.sources import open_source
 from workloads import DEFAULT_WORKLOAD
 from sim.cost_models.base import CostModelDefaults
 

@@ -11,16 +11,16 @@ from engine.core.outputs import ModelRunnerOutput
 from engine.core.request import Request
 from engine.core.sampling_params import SamplingParams
 from engine.core.scheduler import Scheduler
-from sim.batch import StepBatch, batch_from_output, causal_pairs
-from sim.calibrate import calibrate
+from sim.cost_models.batch import StepBatch, batch_from_output, causal_pairs
+from sim.calibration.calibrate import calibrate
 from sim.cli import main
-from sim.compare import compare_traces, format_report
+from sim.fidelity.compare import compare_traces, format_report
 from sim.cost_models.calibrated import CalibratedCostModel
 from sim.cost_models.parts import DEVICE_TERMS, part_matrix
 from sim.cost_models.residuals import ResidualSampler, predictive_level, residual_table
-from sim.fit import fit_mean_law
-from sim.samples import interval
-from sim.speed_shift import same_shape_speed
+from sim.calibration.fit import fit_mean_law
+from sim.fidelity.samples import interval
+from sim.fidelity.speed_shift import same_shape_speed
 from traces.recorder import TraceRecorder
 from traces.writer import TraceWriter
 from sim.cost_models.base import CostModelDefaults
@@ -104,7 +104,7 @@ def test_calibrate_fits_the_host_phases_and_the_gap_between_steps(engine_like):
 
 
 def test_calibrate_on_several_runs_reports_each_run_s_level(engine_like):
-    from sim.calibrate import report_lines
+    from sim.calibration.calibrate import report_lines
 
     profile, _ = calibrate([traces.load(engine_like / "a"), traces.load(engine_like / "b")])
     line = next(x for x in report_lines(profile) if x.startswith("run levels"))
@@ -177,7 +177,7 @@ def test_level_interval_covers_a_new_run_at_about_its_nominal_rate():
 
 
 def test_calibration_report_names_the_levels_of_one_run_s_parts(engine_like):
-    from sim.calibrate import report_lines
+    from sim.calibration.calibrate import report_lines
 
     profile, _ = calibrate([traces.load(engine_like / "a")])
     drifting = np.column_stack([np.r_[np.full(200, 1.0), np.full(200, 2.0)]] + [np.ones(400)] * 2)
@@ -251,7 +251,7 @@ def test_an_instant_keeps_its_place_among_re_timed_steps():
     """Halfway through a step stays halfway through it re-timed; later instants move with the steps."""
     import pandas as pd
 
-    from sim.attribution import warp
+    from sim.fidelity.attribution import warp
 
     steps = pd.DataFrame({"step": [0, 1], "start": [1.0, 2.5], "end": [2.0, 3.0]})
     starts, ends = np.array([1.0, 4.0]), np.array([3.0, 4.5])  # step 0 twice as long, then a longer gap

@@ -12,8 +12,8 @@ from engine.core.config import CacheConfig, SchedulerConfig, engine_flags
 from sim.cli import build_parser as sim_parser
 from sim.cli import main as sim_main
 from sim.flags import sim_flags
-from sim.plan import PlanConfig, _configs
-from sim.plan import _parser as plan_parser
+from sim.plan.command import PlanConfig, _configs
+from sim.plan.command import _parser as plan_parser
 from workloads import DEFAULT_WORKLOAD
 
 BURSTY = str(DEFAULT_WORKLOAD)
@@ -108,7 +108,7 @@ def test_sim_plan_flags_land_in_the_configuration_under_the_config_field_names()
 def test_sim_replay_without_flags_uses_the_engine_defaults():
     from sim.cli import build_configs
     from sim.cost_models import get_cost_model
-    from sim.sources import open_source
+    from sim.core.sources import open_source
 
     args = _subparser(sim_parser(), "replay").parse_args([BURSTY])
     source = open_source(BURSTY, 32000, 4, 1.0)

@@ -9,7 +9,7 @@ import pytest
 
 import traces
 from sim.cli import main
-from sim.report import request_metrics
+from sim.report.summary import request_metrics
 
 # Shaped as LLMServingSim's files: the workload's rows, vLLM's per-request stamps (monotonic clock) and meta.
 WORKLOAD = [

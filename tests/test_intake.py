@@ -1,4 +1,4 @@
-"""The engine's intake of arrivals (sim.intake): wake-up delays and per-request adds read off a trace's
+"""The engine's intake of arrivals (sim.cost_models.intake): wake-up delays and per-request adds read off a trace's
 arrival and queued times, and a simulator that takes a burst arriving within a wake-up in one step."""
 from types import SimpleNamespace
 
@@ -6,9 +6,9 @@ import pandas as pd
 import pytest
 
 from engine.core.config import CacheConfig, SchedulerConfig
-from sim.intake import Intake, fit_intake, intake_samples
-from sim.loop import Simulator
-from sim.sources import SimRequest
+from sim.cost_models.intake import Intake, fit_intake, intake_samples
+from sim.core.loop import Simulator
+from sim.core.sources import SimRequest
 from sim_helpers import FixedCost
 import traces
 

@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from sim.batch import StepBatch
+from sim.cost_models.batch import StepBatch
 from sim.cli import main
 from sim.cost_models import get_cost_model
 from sim.cost_models.hardware import GB, GiB, HARDWARE, TERA, Hardware, get_hardware, load_hardware_file

@@ -5,12 +5,12 @@ import json
 
 import pytest
 
-from sim import plan as plan_mod
+from sim.plan import command as plan_mod
 from sim.cli import main
-from sim.plan import PlanConfig, PlanSpec, evaluate_config, format_table, rank, recommend, run_at_rate, search_max_rate, slo_check
-from sim.plan_plots import pareto_front
-from sim.report import parse_slo
-from sim.sweep import parse_price, parse_sweep
+from sim.plan.command import PlanConfig, PlanSpec, evaluate_config, format_table, rank, recommend, run_at_rate, search_max_rate, slo_check
+from sim.plan.plots import pareto_front
+from sim.report.summary import parse_slo
+from sim.plan.sweep import parse_price, parse_sweep
 from workloads import DEFAULT_WORKLOAD
 
 BURSTY = str(DEFAULT_WORKLOAD)

@@ -7,11 +7,11 @@ import pytest
 
 import traces
 from engine.core import CacheConfig, SchedulerConfig
-from sim.batch import StepBatch
+from sim.cost_models.batch import StepBatch
 from sim.cli import main
-from sim.compare import compare_traces
-from sim.loop import Simulator
-from sim.sources import open_source
+from sim.fidelity.compare import compare_traces
+from sim.core.loop import Simulator
+from sim.core.sources import open_source
 from workloads import DEFAULT_WORKLOAD
 from sim.cost_models.base import CostModelDefaults
 
@@ -161,7 +161,7 @@ def test_cli_compare_of_a_non_trace_is_one_line_exit_2(tmp_path, trace_dir, caps
 
 
 def test_report_labels_each_value_with_its_unit():
-    from sim.report import metric_label
+    from sim.report.summary import metric_label
 
     assert metric_label("ttft_p50_s") == ("ttft p50", 1e3, "ms")
     assert metric_label("output_throughput_tok_s") == ("output throughput", 1.0, "tok/s")

@@ -5,17 +5,17 @@ replica on its own rows."""
 import pandas as pd
 import pytest
 
-import sim.loop
+import sim.core.loop
 import traces
 from engine.core.config import CacheConfig, SchedulerConfig
 from engine.core.request import Request
 from engine.core.sampling_params import SamplingParams
 from engine.core.sched_output import CachedRequestData, SchedulerOutput
-from sim.batch import StepBatch, batch_from_output
-from sim.cluster import Cluster
-from sim.loop import Simulator
-from sim.runner import FIRST_TOKEN_ID, FakeModelRunner
-from sim.sources import open_source
+from sim.cost_models.batch import StepBatch, batch_from_output
+from sim.core.cluster import Cluster
+from sim.core.loop import Simulator
+from sim.core.runner import FIRST_TOKEN_ID, FakeModelRunner
+from sim.core.sources import open_source
 from traces.recorder import TraceRecorder
 from traces.writer import TraceWriter
 from workloads import DEFAULT_WORKLOAD
@@ -48,7 +48,7 @@ def _run(tmp_path, monkeypatch, async_scheduling: bool, check) -> None:
         seen.append(so)
         return batch
 
-    monkeypatch.setattr(sim.loop, "batch_from_output", checked)
+    monkeypatch.setattr(sim.core.loop, "batch_from_output", checked)
     Simulator(sched, cache, FixedCost(), tmp_path / "trace").run(
         open_source(str(DEFAULT_WORKLOAD), limit=60, time_scale=0.2).requests)
     return seen
@@ -135,7 +135,7 @@ class RowsOnlyWriter:
 
 
 def test_rows_only_writer_gets_the_same_trace_as_the_buffered_one(tmp_path, monkeypatch):
-    import sim.loop as loop
+    import sim.core.loop as loop
 
     class RowsOnlySimulator(Simulator):
         def __init__(self, *a, **k):

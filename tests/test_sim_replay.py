@@ -9,10 +9,10 @@ from trace_compare import STEP_COLUMNS, as_lists
 
 import traces
 from engine.core import ModelRunnerOutput, Request, RequestStatus, SamplingParams
-from sim.batch import StepBatch
+from sim.cost_models.batch import StepBatch
 from sim.cli import main
-from sim.loop import Simulator
-from sim.sources import open_source
+from sim.core.loop import Simulator
+from sim.core.sources import open_source
 from traces.recorder import TraceRecorder
 from traces.writer import TraceWriter
 from workloads import DEFAULT_WORKLOAD
@@ -249,7 +249,7 @@ def test_bad_flag_value_is_one_line_exit_2(tmp_path, capsys):
 
 
 def test_itl_has_one_gap_per_output_token_after_the_first():
-    from sim.report import inter_token_latencies
+    from sim.report.summary import inter_token_latencies
 
     rows = [(0, "a", "schedule", "prefill"), (1, "a", "schedule", "prefill"), (2, "a", "schedule", "decode"),
             (3, "a", "schedule", "decode"), (3, "a", "finish", None),
@@ -263,7 +263,7 @@ def test_itl_has_one_gap_per_output_token_after_the_first():
 def test_goodput_counts_requests_meeting_every_slo():
     from types import SimpleNamespace
 
-    from sim.report import parse_slo, sim_summary
+    from sim.report.summary import parse_slo, sim_summary
 
     req = pd.DataFrame({"request_id": ["a", "b", "c"], "arrival": [0.0, 0.0, 0.0], "queued": [0.0] * 3,
                         "first_scheduled": [0.0] * 3, "first_token": [0.5, 3.0, 0.5], "finish": [1.5, 4.0, 10.5],
@@ -278,7 +278,7 @@ def test_goodput_counts_requests_meeting_every_slo():
 
 
 def test_slo_parser_reads_units_and_names_bad_parts():
-    from sim.report import parse_slo
+    from sim.report.summary import parse_slo
 
     a, b = parse_slo("ttft_p99=2s, tpot_p90=80ms")
     assert (a.metric, a.percentile, a.threshold_s) == ("ttft", 99.0, 2.0)

@@ -152,8 +152,8 @@ class _LinearCost(CostModelDefaults):
 
 def _simulate(tmp_path, async_scheduling: bool):
     import traces
-    from sim.loop import Simulator
-    from sim.sources import open_source
+    from sim.core.loop import Simulator
+    from sim.core.sources import open_source
     from workloads import DEFAULT_WORKLOAD
 
     src = open_source(str(DEFAULT_WORKLOAD), 32000, 30)

@@ -3,7 +3,7 @@ import pytest
 
 import traces
 from sim.cli import main as sim_main
-from sim.compare import compare_traces
+from sim.fidelity.compare import compare_traces
 from tui.compare import Comparison
 from tui.loader import open_trace
 from tui.model import RunIndex

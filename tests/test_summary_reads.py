@@ -16,8 +16,8 @@ from trace_damage import to_streams
 import traces
 import traces.batches
 from sim.cli import main as sim_main
-from sim.report import SUMMARY_READ, load_for_summary, sim_summary, write_plots
-from sim.token_stats import TokenStats, TokenStream, stream_token_stats, token_times
+from sim.report.summary import SUMMARY_READ, load_for_summary, sim_summary, write_plots
+from sim.report.token_stats import TokenStats, TokenStream, stream_token_stats, token_times
 from traces.schema import META_FILE, TABLES
 from workloads import DEFAULT_WORKLOAD
 

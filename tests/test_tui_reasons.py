@@ -9,8 +9,8 @@ import pytest
 
 import traces
 from engine.core import CacheConfig, SchedulerConfig
-from sim.loop import Simulator
-from sim.sources import SimRequest
+from sim.core.loop import Simulator
+from sim.core.sources import SimRequest
 from tui.app import StepscopeApp
 from tui.loader import open_trace
 from tui.model import RunIndex

@@ -124,7 +124,7 @@ def test_tui_walks_to_a_vllm_preemption_and_shows_the_victim(vllm_trace):
 def test_sim_calibrate_fits_a_profile_from_a_vllm_trace_as_a_measured_run(vllm_trace, tmp_path, capsys):
     import json
 
-    from sim.calibrate import main_calibrate
+    from sim.calibration.calibrate import main_calibrate
 
     out = tmp_path / "vllm.json"
     assert main_calibrate([str(vllm_trace), "-o", str(out)]) == 0

@@ -1,7 +1,7 @@
 """The decode-run half of `TraceRecorder`: the rows of steps in which every scheduled request decodes
 one token, the common step of a long replay. Such a step's decision rows differ only in their request,
 computed count and new blocks, so they go to a batched writer as one grid entry (`traces.runs`), and a
-decode run of many steps (`sim.decode_runs`) as one entry per table, its block events in one pass."""
+decode run of many steps (`sim.core.decode_runs`) as one entry per table, its block events in one pass."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -11,7 +11,7 @@ from traces.runs import GridSpec, RunSpec
 
 _NO_BLOCKS: tuple[int, ...] = ()
 # The common step, every running request decoding one token, as one grid run of decision rows per step or
-# per decode run of steps (sim.decode_runs): (position, count, first step, n, request ids, computed counts
+# per decode run of steps (sim.core.decode_runs): (position, count, first step, n, request ids, computed counts
 # at the first step, {row: new block ids}).
 DECODE_RUN = GridSpec(step="step", per_seat="request_id", counting="num_computed_tokens", sparse="blocks_gained",
                       constants={"event": "schedule", "num_tokens": 1, "phase": "decode", "prefix_hit_tokens": 0,
@@ -67,7 +67,7 @@ class DecodeRunRows:
         d["finish_reason"].extend(nones)
 
     def on_decode_step_blocks(self, step: int) -> None:
-        """During a decode run (`sim.decode_runs`), after step `step`'s block crossings: which of the
+        """During a decode run (`sim.core.decode_runs`), after step `step`'s block crossings: which of the
         pool's events are its own (they become rows with the run's, `_run_block_events`), and the pool's
         snapshot if one is due, taken as `on_step` takes it (the run's rows come later)."""
         if self._full:

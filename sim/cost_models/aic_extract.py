@@ -7,7 +7,7 @@ import csv
 from pathlib import Path
 from typing import Any
 
-from sim.batch import causal_pairs
+from sim.cost_models.batch import causal_pairs
 from sim.cost_models.aiconfigurator import (AIC_SYSTEMS, TABLES, attention_lane, attention_rows, bf16_gemm, bracket,
                                             nearest, package_root, read_table, table_file, version_key)
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol
 
-from sim.batch import StepBatch
+from sim.cost_models.batch import StepBatch
 
 if TYPE_CHECKING:
-    from sim.intake import Intake
+    from sim.cost_models.intake import Intake
 
 
 class CostModel(Protocol):

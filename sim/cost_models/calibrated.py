@@ -23,12 +23,12 @@ from typing import Any
 
 import numpy as np
 
-from sim.batch import StepBatch
+from sim.cost_models.batch import StepBatch
 from sim.cost_models.base import CostModelDefaults
 from sim.cost_models.parts import (DEVICE_TERMS, PART_TERMS, PARTS, RANGE_FIELDS, TERM_UNITS, StepParts,
                                    part_features)
 from sim.cost_models.residuals import ResidualSampler
-from sim.intake import Intake
+from sim.cost_models.intake import Intake
 
 PROFILE_KIND = "stepscope-cost-profile"
 PROFILE_FORMAT_VERSION = 3

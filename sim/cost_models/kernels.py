@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from sim.batch import StepBatch
+from sim.cost_models.batch import StepBatch
 from sim.cost_models.base import CostModelDefaults
 from sim.cost_models.hardware import Hardware
 from sim.cost_models.model_shape import ModelShape, rank_shape

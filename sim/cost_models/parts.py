@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sim.batch import StepBatch
+from sim.cost_models.batch import StepBatch
 
 DEVICE_TERMS = ("c0", "c_p", "c_d", "c_ctx", "c_attn", "c_seq", "c_pseq")
 HOST_TERMS = ("h0", "h_seq", "h_pseq", "h_tok")

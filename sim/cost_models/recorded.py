@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from sim.batch import StepBatch
+from sim.cost_models.batch import StepBatch
 from sim.cost_models.base import CostModelDefaults
 
 

@@ -12,7 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from sim.batch import StepBatch, causal_pairs
+from sim.cost_models.batch import StepBatch, causal_pairs
 from sim.cost_models.hardware import CALIBRATION_ONLY, Hardware, get_hardware, hardware_names
 from sim.cost_models.kernels import AttentionShape, KernelSumCostModel, kv_blocks
 from sim.cost_models.model_shape import DTYPE_BYTES, ModelShape, model_shape, rank_shape
@@ -149,7 +149,7 @@ class RooflineCostModel(KernelSumCostModel):
 
     def decode_step_times(self, num_seqs: int, context_tokens: int, count: int) -> list[float]:
         """`step_time` of `count` consecutive decode-only steps, the first reading `context_tokens` of
-        context and each next one `num_seqs` more: a decode run (sim.decode_runs) times its steps in one
+        context and each next one `num_seqs` more: a decode run (sim.core.decode_runs) times its steps in one
         call. The roofline has no skew, so the context's sum is all it needs."""
         n, step_time = num_seqs, self.step_time
         return [step_time(StepBatch(0, n, 0, n, context, 0.0), 0)

@@ -20,7 +20,7 @@ from typing import Any
 
 from engine.core.bounded_read import read_bounded
 from sim.flags import OneLineParser
-from sim.vllm_defaults import run_config
+from sim.fidelity.vllm_defaults import run_config
 from workloads.errors import WorkloadError
 from workloads.importers import json_lines, read_trace
 

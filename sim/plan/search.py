@@ -6,7 +6,7 @@ rate limit is searched, not gridded: the workload's arrivals are compressed or s
 to a rate, the cluster simulated, the SLOs checked; the rate doubles or halves until the SLO verdict
 flips, then bisects (geometrically) until `max_rate * (1 + tol)` is a rate that was simulated and failed.
 Everything is deterministic, so a configuration's result depends on nothing but its inputs: that is
-what lets a sweep run anywhere (sim.sweep) and resume from a results file.
+what lets a sweep run anywhere (sim.plan.sweep) and resume from a results file.
 """
 from __future__ import annotations
 
@@ -20,9 +20,9 @@ from collections.abc import Callable
 
 import numpy as np
 
-from sim.plan_config import PlanConfig
-from sim.report import SLO, parse_slo
-from sim.sources import SimRequest
+from sim.plan.config import PlanConfig
+from sim.report.summary import SLO, parse_slo
+from sim.core.sources import SimRequest
 
 
 @dataclass(slots=True, kw_only=True)
@@ -205,7 +205,7 @@ def run_at_rate(spec: PlanSpec, config: PlanConfig, rate: float, trace_dir: str 
     """The cluster's requests table with the workload's arrivals scaled to `rate` requests/s (`watch` may
     stop the run early, see `Cluster.run`); with `residual_seed`, step times carry one seeded draw of the
     profile's measured scatter."""
-    from sim.cluster import Cluster
+    from sim.core.cluster import Cluster
 
     reqs = base_requests(spec.workload, spec.max_requests, spec.length_scale, spec.vocab_size, config.max_model_len)
     scale = base_rate(reqs) / rate
@@ -225,7 +225,7 @@ def run_at_rate(spec: PlanSpec, config: PlanConfig, rate: float, trace_dir: str 
 
 def evaluate_config(spec: PlanSpec, config: PlanConfig) -> dict[str, Any]:
     """Max rate within the SLOs for one configuration, with every simulated point (for plots)."""
-    from sim.loop import SimulationError
+    from sim.core.loop import SimulationError
     from traces.summary import rejections
 
     slos = parse_slo(spec.slo)
@@ -270,8 +270,8 @@ def sampled_max_rates(spec: PlanSpec, config: PlanConfig, nominal: float, slos: 
                       num_requests: int) -> dict[str, Any]:
     """The max rate again under `spec.samples` seeded draws of the measured step-time scatter, each search
     started at the nominal answer (a few simulations each): median and p5-p95 of the max rate."""
-    from sim.loop import SimulationError
-    from sim.samples import interval
+    from sim.core.loop import SimulationError
+    from sim.fidelity.samples import interval
 
     rates = []
     for seed in range(spec.samples):

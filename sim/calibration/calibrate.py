@@ -21,15 +21,15 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sim.batch import StepBatch, causal_pairs
+from sim.cost_models.batch import StepBatch, causal_pairs
 from sim.cost_models.calibrated import (PROFILE_FORMAT_VERSION, PROFILE_KIND, device_label, model_label,
                                         trace_identity)
 from sim.cost_models.parts import PART_TERMS, PARTS, TERM_UNITS, batch_range, part_matrix
 from sim.cost_models.residuals import level_quantile, levels_from, residual_table, run_levels
 from sim.cost_models.roofline import DTYPE_BYTES, effective_from_coefficients, model_shape
-from sim.fit import fit_mean_law, part_stats, ratios
+from sim.calibration.fit import fit_mean_law, part_stats, ratios
 from traces.files import replaced_when_done
-from sim.intake import fit_intake
+from sim.cost_models.intake import fit_intake
 from traces import Trace, load
 
 

@@ -6,7 +6,7 @@ moves the clock: the next event is either an arrival (routed at once, on the rep
 time) or the end of some replica's step (`update_from_output` runs then, so finishes and freed blocks
 appear at the step's end). A replica adds what was routed to it at the start of its next step, exactly
 as the single-replica loop adds arrivals, so a one-replica cluster reproduces `Simulator` to the bit.
-Without a trace, a replica's decode-only stretches advance as runs (sim.cluster_runs), one event each.
+Without a trace, a replica's decode-only stretches advance as runs (sim.core.cluster_runs), one event each.
 
 Trace (optional): one directory for the whole cluster, the usual tables plus a `replica` column on
 every row. `step` numbers are cluster-wide (unique, in the order steps ended), so `steps` joins
@@ -30,13 +30,13 @@ from engine.core.async_scheduler import make_scheduler
 from engine.core.config import CacheConfig, SchedulerConfig
 from engine.core.request import Request
 from engine.core.step_cycle import StepCycle
-from sim.batch import batch_from_output
-from sim.cluster_runs import ReplicaRuns
+from sim.cost_models.batch import batch_from_output
+from sim.core.cluster_runs import ReplicaRuns
 from sim.cost_models.base import CostModel
-from sim.loop import CycleRecorder, SimulationError, fewer_collections
-from sim.routers import Router, make_router
-from sim.runner import FakeModelRunner
-from sim.sources import SimRequest, make_request
+from sim.core.loop import CycleRecorder, SimulationError, fewer_collections
+from sim.core.routers import Router, make_router
+from sim.core.runner import FakeModelRunner
+from sim.core.sources import SimRequest, make_request
 from traces.recorder import TraceRecorder
 from traces.writer import TraceWriter
 
@@ -138,7 +138,7 @@ class Replica:
         return bool(self.inbox) or bool(s.running) or bool(s.waiting) or s.has_pending_outputs()
 
     def start_step(self, now: float, next_arrival: float | None = None) -> float | None:
-        """Add the inbox, schedule one step (or a decode run up to `next_arrival`, see sim.cluster_runs) and
+        """Add the inbox, schedule one step (or a decode run up to `next_arrival`, see sim.core.cluster_runs) and
         launch it; returns when it ends (None: idle)."""
         cycle, runner, cluster = self.cycle, self.runner, self.cluster
         for req, sim_req in self.inbox:

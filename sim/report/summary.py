@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sim.token_stats import TokenStats, stream_token_stats, token_times
+from sim.report.token_stats import TokenStats, stream_token_stats, token_times
 from traces.schema import REQUEST_COLUMNS
 from traces.summary import LATENCIES, format_summary, request_latencies, summarize
 

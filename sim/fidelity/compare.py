@@ -5,7 +5,7 @@ uses too), by index and once aligned around steps one trace lacks; the first ste
 explained request by request. Latency and throughput metrics are compared as relative errors, step times as MAPE over
 steps aligned by index and over the steps that made identical decisions (the cost model's own error,
 free of what different batches cost), and device time as B / A on decode steps of the same shape (for
-two engine runs: how much the machine's speed changed between them; sim.speed_shift).
+two engine runs: how much the machine's speed changed between them; sim.fidelity.speed_shift).
 """
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sim.attribution import attribute, format_attribution
-from sim.report import metric_label
-from sim.speed_shift import same_shape_speed
+from sim.fidelity.attribution import attribute, format_attribution
+from sim.report.summary import metric_label
+from sim.fidelity.speed_shift import same_shape_speed
 from traces.describe import config_differences
 from traces.diff import aligned_pairs, explain_step, index_pairs, matching_steps
 from traces.summary import LATENCIES, summarize

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from sim.calibrate import step_table
+from sim.calibration.calibrate import step_table
 from traces import Trace
 
 # Steps whose mean context per sequence falls in the same bin of this many tokens count as one shape:

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from sim.report import metric_label
+from sim.report.summary import metric_label
 from traces.summary import HEADLINE_METRICS, SUMMARY_COLUMNS, summarize
 
 

@@ -28,11 +28,11 @@ from engine.core.outputs import EngineCoreOutputs
 from engine.core.request import Request, RequestStatus
 from engine.core.sched_output import SchedulerOutput
 from engine.core.step_cycle import StepCycle, StepTimes
-from sim.batch import batch_from_output
+from sim.cost_models.batch import batch_from_output
 from sim.cost_models.base import CostModel
-from sim.decode_runs import MAX_RUN, DecodeRuns
-from sim.runner import FakeModelRunner
-from sim.sources import SimRequest, make_request
+from sim.core.decode_runs import MAX_RUN, DecodeRuns
+from sim.core.runner import FakeModelRunner
+from sim.core.sources import SimRequest, make_request
 from traces.recorder import TraceRecorder
 from traces.writer import TraceWriter
 
@@ -114,7 +114,7 @@ class Simulator:
         self.cycle = StepCycle(self.scheduler, self.runner, self.clock, CycleRecorder(self.recorder, cost_model),
                                batch_queue_size=2 if scheduler_config.async_scheduling else 1)
         self.num_added = 0
-        # Decode-only stretches advance as runs (same decisions, see sim.decode_runs), where the loop is
+        # Decode-only stretches advance as runs (same decisions, see sim.core.decode_runs), where the loop is
         # synchronous and free to choose step starts; a recorded replay follows the recording step by step.
         # How the engine takes in arrivals when idle (calibrated profiles measure it); not in recorded replays.
         self.intake = cost_model.intake if self.step_start is None else None
@@ -192,10 +192,10 @@ class Simulator:
                 if add(nxt).is_finished():  # rejected: done, though never in finished_req_ids
                     bar.update(1)
                 nxt = next(stream, None)
-                if woke:  # each add after an idle wake-up delays the step (sim.intake)
+                if woke:  # each add after an idle wake-up delays the step (sim.cost_models.intake)
                     self.now = start = start + per_request
             woke = False
-            if cold:  # the run's first add is cold: what arrives meanwhile waits a step (sim.intake)
+            if cold:  # the run's first add is cold: what arrives meanwhile waits a step (sim.cost_models.intake)
                 start, cold = start + cold, 0.0
             self.now = start
             if not (sched.running or cycle.has_work()):  # anything running is work: skip the queue checks

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from sim.report import SLO
+from sim.report.summary import SLO
 
 MAX_CURVES = 12
 

@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sim.report import metric_label
-from sim.token_stats import token_times
+from sim.report.summary import metric_label
+from sim.report.token_stats import token_times
 from traces.summary import HEADLINE_METRICS, summarize
 
 
@@ -94,7 +94,7 @@ def predicted_parts(a: Any, b: Any) -> dict[str, np.ndarray] | None:
     cm = (b.meta or {}).get("cost_model") or {}
     if cm.get("name") != "calibrated" or not cm.get("coefficients"):
         return None
-    from sim.calibrate import step_batches, step_table
+    from sim.calibration.calibrate import step_batches, step_table
     from sim.cost_models.calibrated import CalibratedCostModel
 
     model = CalibratedCostModel(cm["coefficients"], {"parts": cm.get("parts")})

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from sim.plan_config import PlanConfig
+from sim.plan.config import PlanConfig
 
 RANKING = {True: "ranked by $ per million output tokens at each configuration's max rate (cheapest first), "
                  "then by max rate per replica",

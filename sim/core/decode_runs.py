@@ -23,9 +23,9 @@ from operator import sub
 
 from engine.core.request import Request
 from engine.core.scheduler import Scheduler
-from sim.batch import StepBatch
+from sim.cost_models.batch import StepBatch
 from sim.cost_models.base import CostModel
-from sim.runner import FakeModelRunner
+from sim.core.runner import FakeModelRunner
 from traces.recorder import TraceRecorder
 
 # Steps looked ahead per run: tokens are drawn for this many steps before the run can tell where it ends.

@@ -1,6 +1,6 @@
 """`sim plan`: capacity planning. Expands the sweep into configurations, has each one's max rate within
-the SLOs searched (sim.plan_search) on local processes or Ray (sim.sweep), prints them ranked with a
-recommendation (sim.plan_table); `--plots` draws the curves the search saw and the Pareto front (sim.plan_plots).
+the SLOs searched (sim.plan.search) on local processes or Ray (sim.plan.sweep), prints them ranked with a
+recommendation (sim.plan.table); `--plots` draws the curves the search saw and the Pareto front (sim.plan.plots).
 """
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ from typing import Any
 
 from sim.flags import OneLineParser, add_engine_flags, config_error, sim_flags
 from sim.cost_models.hardware import HARDWARE
-from sim.plan_config import DEFAULT_HARDWARE, DEFAULT_MODEL, DEFAULT_ROUTER, PlanConfig
-from sim.plan_search import (PlanSpec, base_rate, base_requests, evaluate_config, run_at_rate, search_max_rate,
+from sim.plan.config import DEFAULT_HARDWARE, DEFAULT_MODEL, DEFAULT_ROUTER, PlanConfig
+from sim.plan.search import (PlanSpec, base_rate, base_requests, evaluate_config, run_at_rate, search_max_rate,
                              slo_check)
-from sim.plan_table import format_table, rank, recommend
-from sim.report import parse_slo
+from sim.plan.table import format_table, rank, recommend
+from sim.report.summary import parse_slo
 
 __all__ = ["PlanConfig", "PlanSpec", "base_rate", "base_requests", "evaluate_config", "format_table", "main_plan", "rank",
            "recommend", "run_at_rate", "search_max_rate", "slo_check"]
@@ -56,7 +56,7 @@ def _parser() -> Any:
 
 
 def _configs(args: Any) -> tuple[list[PlanConfig], list[str]]:
-    from sim.sweep import expand_configs, parse_sweep
+    from sim.plan.sweep import expand_configs, parse_sweep
 
     sweep = parse_sweep(args.sweep) if args.sweep else {}
     for key, text, default in (("hardware", args.hardware, DEFAULT_HARDWARE), ("model", args.model, DEFAULT_MODEL),
@@ -78,7 +78,7 @@ def _configs(args: Any) -> tuple[list[PlanConfig], list[str]]:
 def plan(args: Any) -> int:
     from tqdm import tqdm
 
-    from sim.sweep import append_result, load_results, parse_price, run_sweep, validate_config
+    from sim.plan.sweep import append_result, load_results, parse_price, run_sweep, validate_config
 
     slos = parse_slo(args.slo)
     if not 0 < args.rate_tol < 1:
@@ -93,7 +93,7 @@ def plan(args: Any) -> int:
     if args.samples < 0 or (args.samples and not args.residuals):
         raise ValueError("--samples: needs N >= 1 and --residuals PROFILE.json (the measured scatter to draw from)")
     if args.residuals:
-        from sim.plan_search import residual_table
+        from sim.plan.search import residual_table
 
         residual_table(os.path.abspath(args.residuals))
     prices = parse_price(args.price) if args.price else {}
@@ -144,7 +144,7 @@ def plan(args: Any) -> int:
         resumed = f" ({len(configs) - len(todo)} from {args.results})" if len(todo) < len(configs) else ""
         print(f"{len(configs)} configurations{resumed}; SLOs: {', '.join(s.label for s in slos)}")
     if args.plots:
-        from sim.plan_plots import write_plan_plots
+        from sim.plan.plots import write_plan_plots
 
         models = sorted({str(c.model) for c in configs})
         hardware = sorted({str(c.hardware) for c in configs})
@@ -154,7 +154,7 @@ def plan(args: Any) -> int:
         if not args.json:
             print(f"plots: {', '.join(map(str, paths))}")
     if args.trace and rows and rows[0]["max_rate"] > 0:
-        from sim.cluster import replica_summary
+        from sim.core.cluster import replica_summary
 
         table = run_at_rate(spec, rows[0]["config"], rows[0]["max_rate"], args.trace, overwrite=args.overwrite)
         if not args.json:
@@ -166,7 +166,7 @@ def plan(args: Any) -> int:
 def main_plan(argv: list[str]) -> int:
     """`sim plan ...`; bad input is one line on stderr and exit status 2."""
     from sim.cost_models import CostModelError
-    from sim.loop import SimulationError
+    from sim.core.loop import SimulationError
     from workloads import WorkloadError
 
     parser = _parser()

@@ -1,4 +1,4 @@
-"""Decode runs for a cluster's replicas (sim.decode_runs): a decode-only stretch of one replica advances
+"""Decode runs for a cluster's replicas (sim.core.decode_runs): a decode-only stretch of one replica advances
 as one event of the cluster's loop instead of one event per step, with the same decisions and times.
 
 Replicas touch one another only through the router and the SLO watch (the cost model they share times
@@ -21,8 +21,8 @@ from bisect import bisect_right
 
 from engine.core.scheduler import Scheduler
 from sim.cost_models.base import CostModel
-from sim.decode_runs import DecodeRuns
-from sim.runner import FakeModelRunner
+from sim.core.decode_runs import DecodeRuns
+from sim.core.runner import FakeModelRunner
 
 
 class RunLog:

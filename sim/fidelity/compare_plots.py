@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from sim.report import inter_token_latencies
+from sim.report.summary import inter_token_latencies
 from traces.summary import request_latencies
 
 QUANTILES = np.linspace(0.01, 0.99, 99)

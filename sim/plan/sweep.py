@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from sim.plan_config import SWEEP_KEYS, PlanConfig, field_type
+from sim.plan.config import SWEEP_KEYS, PlanConfig, field_type
 
 _BOOLS = {"true": True, "on": True, "1": True, "yes": True, "false": False, "off": False, "0": False, "no": False}
 
@@ -89,7 +89,7 @@ def validate_config(config: PlanConfig) -> None:
     """Bad names and out-of-range flags as one-line ValueErrors, before any simulation starts."""
     from sim.cost_models.hardware import get_hardware
     from sim.cost_models.model_shape import model_shape, rank_shape
-    from sim.routers import make_router
+    from sim.core.routers import make_router
 
     get_hardware(str(config.hardware))
     rank_shape(model_shape(config.model), config.tensor_parallel_size)

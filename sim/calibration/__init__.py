@@ -1,0 +1,1 @@
+"""Step-time laws fitted to recorded traces."""

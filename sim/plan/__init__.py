@@ -1,0 +1,1 @@
+"""Capacity planning: the highest rate each configuration sustains within the SLOs."""

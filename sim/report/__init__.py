@@ -1,0 +1,1 @@
+"""What a replay prints and draws."""
