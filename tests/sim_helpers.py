@@ -1,6 +1,7 @@
 """A cost model for simulator tests: fixed step times that order events and need no calibration."""
 from __future__ import annotations
 
+from sim.cost_models.base import StepTiming
 from sim.cost_models.batch import StepBatch
 from sim.cost_models.base import CostModelDefaults
 
@@ -10,8 +11,8 @@ class FixedCost(CostModelDefaults):
 
     name = "fixed"
 
-    def step_time(self, batch: StepBatch, step: int) -> float:
-        return 0.01 + 1e-5 * batch.num_tokens
+    def step_time(self, batch: StepBatch, step: int) -> StepTiming:
+        return StepTiming(0.01 + 1e-5 * batch.num_tokens)
 
     def describe(self) -> dict:
         return {}

@@ -181,7 +181,7 @@ def test_a_profile_from_before_the_prefill_sequence_term_loads_and_charges_none(
     b = StepBatch(num_prefill_tokens=100, num_decode_tokens=3, num_prefill_seqs=2, num_decode_seqs=3,
                   context_tokens=400, prefill_attention=5000.0)
     assert model.coefficients["c_pseq"] == 0.0
-    assert model.step_parts(b, 0).device == pytest.approx(law(b) - TRUE["c_pseq"] * 2)
+    assert model.step_time(b, 0).device == pytest.approx(law(b) - TRUE["c_pseq"] * 2)
 
 
 def test_calibrated_model_warns_when_a_run_uses_another_model():
@@ -207,7 +207,7 @@ def test_a_single_decode_costs_its_weights_at_the_fitted_bandwidth_plus_a_floor_
     expected = (shape.weight_read_bytes(1) / (4.8e12 * hw.bw_eff) + kernels * hw.kernel_floor
                 + shape.num_layers * hw.attn_floor)
     assert sum(parts.values()) == pytest.approx(expected, rel=0.03)
-    assert model.step_time(_batch((1, 100, True)), 0) == pytest.approx(sum(parts.values()))
+    assert model.step_time(_batch((1, 100, True)), 0).total == pytest.approx(sum(parts.values()))
 
 
 def test_a_large_prefill_gemm_is_bound_by_its_flops_at_the_fitted_share_of_peak():
@@ -220,7 +220,7 @@ def test_a_large_prefill_gemm_is_bound_by_its_flops_at_the_fitted_share_of_peak(
 
 def test_step_time_grows_with_context_tokens():
     model = RooflineCostModel.from_args(model="qwen2.5-7b", hardware="a100")
-    times = [model.step_time(_batch(*[(1, ctx, True)] * 64), 0) for ctx in (100, 1000, 10_000)]
+    times = [model.step_time(_batch(*[(1, ctx, True)] * 64), 0).total for ctx in (100, 1000, 10_000)]
     assert times[0] < times[1] < times[2]
 
 
@@ -235,7 +235,7 @@ def test_decode_step_times_are_step_time_of_each_decode_step_to_the_bit(model, h
 def test_h100_is_slower_than_h200_for_decode():
     batch = _batch(*[(1, 500, True)] * 32)
     h100, h200 = (RooflineCostModel.from_args(model="llama-3.1-8b", hardware=h) for h in ("h100", "h200"))
-    assert h100.step_time(batch, 0) > h200.step_time(batch, 0)
+    assert h100.step_time(batch, 0).total > h200.step_time(batch, 0).total
 
 
 def test_unknown_hardware_is_a_clear_error_listing_valid_names():
@@ -295,4 +295,4 @@ def test_recorded_step_time_starts_when_the_step_before_it_ended():
     from sim.cost_models.recorded import RecordedCostModel
 
     model = RecordedCostModel(np.array([0.0, 1.0, 3.5]), np.array([2.0, 3.0, 4.0]))
-    assert [model.step_time(None, i) for i in range(3)] == [2.0, 1.0, 0.5]
+    assert [model.step_time(None, i).total for i in range(3)] == [2.0, 1.0, 0.5]

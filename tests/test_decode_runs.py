@@ -6,6 +6,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from engine.core.config import CacheConfig, SchedulerConfig
+from sim.cost_models.base import StepTiming
 from sim.cost_models.batch import StepBatch
 from sim.cost_models.roofline import RooflineCostModel
 from sim.core.loop import Simulator
@@ -21,8 +22,8 @@ class ContextCost(CostModelDefaults):
 
     name = "context"
 
-    def step_time(self, batch: StepBatch, step: int) -> float:
-        return 0.004 + 1e-5 * batch.num_tokens + 3e-7 * batch.context_tokens + 1e-4 * batch.num_seqs
+    def step_time(self, batch: StepBatch, step: int) -> StepTiming:
+        return StepTiming(0.004 + 1e-5 * batch.num_tokens + 3e-7 * batch.context_tokens + 1e-4 * batch.num_seqs)
 
     def describe(self) -> dict:
         return {}

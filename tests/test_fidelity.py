@@ -11,6 +11,7 @@ from engine.core.outputs import ModelRunnerOutput
 from engine.core.request import Request
 from engine.core.sampling_params import SamplingParams
 from engine.core.scheduler import Scheduler
+from sim.cost_models.base import StepTiming
 from sim.cost_models.batch import StepBatch, batch_from_output, causal_pairs
 from sim.calibration.calibrate import calibrate
 from sim.cli import main
@@ -225,8 +226,8 @@ def test_sampled_step_times_scale_the_law_by_measured_ratios():
     prof = {"parts": {"device": {"coefficients": DEVICE, "mean_ratio": 1.5}},
             "residuals": residual_table(np.array([[2.0, 1.0, 1.0]] * 4), [4])}
     b = StepBatch(num_decode_tokens=4, num_decode_seqs=4, context_tokens=400)
-    assert CalibratedCostModel(DEVICE, prof).step_time(b, 0) == pytest.approx(1.5 * device_law(b))
-    assert CalibratedCostModel(DEVICE, prof, seed=0).step_time(b, 0) == pytest.approx(2.0 * device_law(b))
+    assert CalibratedCostModel(DEVICE, prof).step_time(b, 0).total == pytest.approx(1.5 * device_law(b))
+    assert CalibratedCostModel(DEVICE, prof, seed=0).step_time(b, 0).total == pytest.approx(2.0 * device_law(b))
 
 
 def test_profile_used_beyond_its_fitted_batch_shapes_warns_in_one_line():
@@ -288,7 +289,7 @@ def test_residual_scaling_lays_measured_ratios_over_another_cost_model():
         name = "flat"
 
         def step_time(self, batch, step):
-            return 0.01
+            return StepTiming(0.01)
 
         def describe(self):
             return {}
@@ -299,7 +300,7 @@ def test_residual_scaling_lays_measured_ratios_over_another_cost_model():
     table = residual_table(np.array([[2.0, 1.0, 1.0], [0.5, 1.0, 1.0]]), [2])
     table["block_steps"] = 2
     scaled = ResidualScaled(Flat(), table, seed=1)
-    times = sorted(scaled.step_time(StepBatch(), i) for i in range(2))
+    times = sorted(scaled.step_time(StepBatch(), i).total for i in range(2))
     assert times == pytest.approx([0.005, 0.02]) and scaled.num_gpu_blocks(16) == 7
 
 

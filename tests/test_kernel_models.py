@@ -370,7 +370,7 @@ def test_async_step_time_is_the_sum_of_the_breakdown_with_no_host_term(bundle, k
     batch = _batch((200, 50, False), (100, 0, False), (1, 100, True), (1, 200, True))
     parts = model.breakdown(batch)
     assert parts["host"] == 0.0
-    assert model.step_time(batch, 0) == pytest.approx(sum(parts.values()), rel=1e-12)
+    assert model.step_time(batch, 0).total == pytest.approx(sum(parts.values()), rel=1e-12)
 
 
 @pytest.mark.parametrize("kind", ["bundle", "roofline-tp2"])
@@ -380,9 +380,9 @@ def test_sync_step_time_adds_the_host_term_to_the_device_sum(bundle, kind):
     parts = model.breakdown(batch)
     hw = model.hardware
     assert parts["host"] == pytest.approx(hw.step_overhead + 4 * hw.seq_overhead, rel=1e-12) and parts["host"] > 0
-    assert model.step_time(batch, 0) == pytest.approx(sum(parts.values()), rel=1e-12)
-    unhidden = _kernel_sum_model(kind, bundle, True).step_time(batch, 0)
-    assert model.step_time(batch, 0) - unhidden == pytest.approx(parts["host"], rel=1e-9)
+    assert model.step_time(batch, 0).total == pytest.approx(sum(parts.values()), rel=1e-12)
+    unhidden = _kernel_sum_model(kind, bundle, True).step_time(batch, 0).total
+    assert model.step_time(batch, 0).total - unhidden == pytest.approx(parts["host"], rel=1e-9)
 
 
 # --- skew -------------------------------------------------------------------------------------------------
@@ -396,8 +396,8 @@ def test_decodes_spread_around_their_mean_cost_more_than_decodes_at_the_mean(tmp
     t = model.timer
     gap = t.attention(AttentionShape(0, 0, 2, 224)) - t.attention(AttentionShape(0, 0, 2, 128))
     assert gap > 0
-    assert model.step_time(spread, 0) > model.step_time(even, 0)
-    assert model.step_time(spread, 0) - model.step_time(even, 0) == pytest.approx(
+    assert model.step_time(spread, 0).total > model.step_time(even, 0).total
+    assert model.step_time(spread, 0).total - model.step_time(even, 0).total == pytest.approx(
         model.shape.num_layers * 0.5 * gap, rel=1e-9)
 
 
@@ -406,7 +406,7 @@ def test_decodes_all_at_one_context_cost_exactly_the_mean_shape(tmp_path):
     plain = bundle_model(write_bundle(tmp_path / "p"), "qwen3-0.6b", None, 1, True)
     even = _batch((1, 127, True), (1, 127, True))
     assert even.decode_context_min == even.decode_context_max == 128
-    assert skewed.step_time(even, 0) == plain.step_time(even, 0)
+    assert skewed.step_time(even, 0).total == plain.step_time(even, 0).total
     assert skewed.breakdown(even)["attention"] == skewed.shape.num_layers * skewed.timer.attention(
         AttentionShape(0, 0, 2, 128))
 
@@ -521,7 +521,7 @@ def test_a_bad_model_config_is_a_one_line_error_naming_the_field_or_type(change,
 def test_a_bigger_gpu_decodes_faster():
     batch = _batch(*[(1, 500, True)] * 32)
     h100, h200 = (RooflineCostModel.from_args(model="llama-3.1-8b", hardware=h) for h in ("h100", "h200"))
-    assert h200.step_time(batch, 0) < h100.step_time(batch, 0)
+    assert h200.step_time(batch, 0).total < h100.step_time(batch, 0).total
 
 
 def test_a_prefill_gemm_of_8192_tokens_is_compute_bound_at_mfu_eff():
@@ -542,4 +542,4 @@ def test_every_table_gpu_builds_a_roofline_with_a_positive_step_time(gpu):
     assert gpu in HARDWARE
     model = RooflineCostModel.from_args(model="llama-3.1-8b", hardware=gpu)
     assert isinstance(model, KernelSumCostModel) and model.hardware.name == gpu
-    assert model.step_time(_batch(*MIXED), 0) > 0
+    assert model.step_time(_batch(*MIXED), 0).total > 0

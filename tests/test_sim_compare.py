@@ -7,6 +7,7 @@ import pytest
 
 import traces
 from engine.core import CacheConfig, SchedulerConfig
+from sim.cost_models.base import StepTiming
 from sim.cost_models.batch import StepBatch
 from sim.cli import main
 from sim.fidelity.compare import compare_traces
@@ -21,8 +22,8 @@ BURSTY = str(DEFAULT_WORKLOAD)
 class _Cost(CostModelDefaults):
     name = "test"
 
-    def step_time(self, batch: StepBatch, step: int) -> float:
-        return 0.003 + 3e-5 * batch.num_prefill_tokens + 2e-4 * batch.num_decode_seqs
+    def step_time(self, batch: StepBatch, step: int) -> StepTiming:
+        return StepTiming(0.003 + 3e-5 * batch.num_prefill_tokens + 2e-4 * batch.num_decode_seqs)
 
     def describe(self) -> dict:
         return {}

@@ -142,7 +142,7 @@ def test_rows_only_writer_gets_the_same_trace_as_the_buffered_one(tmp_path, monk
             super().__init__(*a, **k)
             self.recorder = TraceRecorder(RowsOnlyWriter(self.writer), self.scheduler,
                                           snapshot_every=self.recorder.snapshot_every)
-            self.cycle.recorder = loop.CycleRecorder(self.recorder, self.cost_model)
+            self.cycle.recorder = self.cycle_recorder = loop.CycleRecorder(self.recorder)
 
     sched = SchedulerConfig(max_model_len=4096, max_num_seqs=8, max_num_batched_tokens=256)
     cache = CacheConfig(block_size=16, num_gpu_blocks=120)

@@ -9,6 +9,7 @@ from trace_compare import STEP_COLUMNS, as_lists
 
 import traces
 from engine.core import ModelRunnerOutput, Request, RequestStatus, SamplingParams
+from sim.cost_models.base import CostModelDefaults, StepTiming
 from sim.cost_models.batch import StepBatch
 from sim.cli import main
 from sim.core.loop import Simulator
@@ -16,7 +17,6 @@ from sim.core.sources import open_source
 from traces.recorder import TraceRecorder
 from traces.writer import TraceWriter
 from workloads import DEFAULT_WORKLOAD
-from sim.cost_models.base import CostModelDefaults
 
 BURSTY = str(DEFAULT_WORKLOAD)
 
@@ -146,12 +146,40 @@ class _LinearCost(CostModelDefaults):
 
     name = "linear-test"
 
-    def step_time(self, batch: StepBatch, step: int) -> float:
-        return 0.004 + 2e-5 * batch.num_prefill_tokens + 1e-4 * batch.num_decode_seqs
+    def step_time(self, batch: StepBatch, step: int) -> StepTiming:
+        return StepTiming(0.004 + 2e-5 * batch.num_prefill_tokens + 1e-4 * batch.num_decode_seqs)
 
     def describe(self) -> dict:
         return {"c0": 0.004}
 
+
+class _SplitCost(CostModelDefaults):
+    """Device time by decode tokens, host time by prefill tokens: a step's phases tell which step they timed."""
+
+    name = "split-test"
+
+    def step_time(self, batch: StepBatch, step: int) -> StepTiming:
+        return StepTiming(1e-3 + 1e-4 * batch.num_decode_tokens, 5e-4 + 1e-5 * batch.num_prefill_tokens)
+
+    def describe(self) -> dict:
+        return {}
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_each_step_records_the_cost_models_timing_of_that_very_step(tmp_path, async_scheduling):
+    """execute_time is the step's device time and sample_time its host time, also under async scheduling,
+    where the step being recorded is not the one launched last."""
+    from engine.core import CacheConfig, SchedulerConfig
+
+    sched = SchedulerConfig(max_model_len=8192, max_num_seqs=16, max_num_batched_tokens=512,
+                            async_scheduling=async_scheduling)
+    Simulator(sched, CacheConfig(block_size=16, num_gpu_blocks=300), _SplitCost(), tmp_path / "t").run(
+        open_source(BURSTY, 32000, 40).requests)
+    steps = traces.load(tmp_path / "t").steps
+    assert (steps["num_prefill_tokens"] > 0).any() and (steps["num_decode_tokens"] > 0).any()
+    assert steps["execute_time"].to_numpy() == pytest.approx(1e-3 + 1e-4 * steps["num_decode_tokens"].to_numpy())
+    assert steps["sample_time"].to_numpy() == pytest.approx(5e-4 + 1e-5 * steps["num_prefill_tokens"].to_numpy())
+    assert (steps["schedule_time"] == 0).all()
 
 def _simulate(tmp_path, name, seed=0, workload=BURSTY, limit=40):
     from engine.core import CacheConfig, SchedulerConfig

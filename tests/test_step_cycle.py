@@ -5,6 +5,7 @@ from core_helpers import EOS, make_requests
 
 from engine.core import CacheConfig, ModelRunnerOutput, SchedulerConfig, make_scheduler
 from engine.core.step_cycle import StepCycle
+from sim.cost_models.base import StepTiming
 from sim.cost_models.base import CostModelDefaults
 
 
@@ -143,8 +144,8 @@ def test_engine_with_async_scheduling_generates_what_the_synchronous_engine_does
 class _LinearCost(CostModelDefaults):
     name = "linear-test"
 
-    def step_time(self, batch, step: int) -> float:
-        return 0.004 + 2e-5 * batch.num_prefill_tokens + 1e-4 * batch.num_decode_seqs
+    def step_time(self, batch, step: int) -> StepTiming:
+        return StepTiming(0.004 + 2e-5 * batch.num_prefill_tokens + 1e-4 * batch.num_decode_seqs)
 
     def describe(self) -> dict:
         return {"c0": 0.004}

@@ -9,6 +9,7 @@ import pytest
 
 import traces
 from engine.core import CacheConfig, SchedulerConfig
+from sim.cost_models.base import StepTiming
 from sim.core.loop import Simulator
 from sim.core.sources import SimRequest
 from tui.app import StepscopeApp
@@ -25,8 +26,8 @@ class _FixedCost(CostModelDefaults):
 
     name = "fixed-test"
 
-    def step_time(self, batch, step: int) -> float:
-        return 0.01
+    def step_time(self, batch, step: int) -> StepTiming:
+        return StepTiming(0.01)
 
     def describe(self) -> dict:
         return {"step": 0.01}

@@ -30,10 +30,9 @@ from engine.core.async_scheduler import make_scheduler
 from engine.core.config import CacheConfig, SchedulerConfig
 from engine.core.request import Request
 from engine.core.step_cycle import StepCycle
-from sim.cost_models.batch import batch_from_output
 from sim.core.cluster_runs import ReplicaRuns
 from sim.cost_models.base import CostModel
-from sim.core.loop import CycleRecorder, SimulationError, fewer_collections
+from sim.core.loop import CycleRecorder, SimulationError, fewer_collections, launch
 from sim.core.routers import Router, make_router
 from sim.core.runner import FakeModelRunner
 from sim.core.sources import SimRequest, make_request
@@ -107,6 +106,7 @@ class Replica:
         self.added: list[Request] = []
         self.live: dict[str, Request] = {}
         self.recorder: TraceRecorder | None = None
+        self.cycle_recorder: CycleRecorder | None = None
         self.runs: ReplicaRuns | None = None  # decode runs, where the cluster writes no trace
         self.busy = False
         self.in_run = False
@@ -166,8 +166,7 @@ class Replica:
                 cycle.num_steps += done
                 cluster.num_steps += done
                 return end
-        so = cycle.begin()
-        return now + cluster.cost_model.step_time(batch_from_output(so), self.num_steps)
+        return now + launch(cycle, cluster.cost_model, self.num_steps, self.cycle_recorder)[1].total
 
     def _launch(self, now: float) -> float | None:
         """Async scheduling, in the order of `sim.loop.Simulator._loop_async` (vLLM's batch queue): schedule
@@ -175,9 +174,8 @@ class Replica:
         ends; returns when the oldest step in flight ends (None: idle)."""
         cycle = self.cycle
         while cycle.has_work() and len(cycle.in_flight) < cycle.batch_queue_size:
-            so = cycle.begin()
-            self.device_free = max(now, self.device_free) + self.cluster.cost_model.step_time(
-                batch_from_output(so), self.num_launched)
+            so, timing = launch(cycle, self.cluster.cost_model, self.num_launched, self.cycle_recorder)
+            self.device_free = max(now, self.device_free) + timing.total
             self.num_launched += 1
             self.ends.append(self.device_free)
             if not cycle.may_schedule_ahead(so):
@@ -255,7 +253,7 @@ class Cluster:
                 # Cluster-wide step numbers would make per-replica snapshots land at random steps: keep only step 0's.
                 r.recorder = TraceRecorder(_ReplicaWriter(self.writer, r.index), r.scheduler,
                                            snapshot_every=1 << 62, trace_level=trace_level)
-                r.cycle.recorder = CycleRecorder(r.recorder)
+                r.cycle.recorder = r.cycle_recorder = CycleRecorder(r.recorder)
         elif decode_runs and not scheduler_config.async_scheduling:
             for r in self.replicas:
                 r.runs = ReplicaRuns(r.scheduler, r.runner, cost_model)

@@ -13,18 +13,17 @@ block ids, hashes, times and every trace table equal the step-by-step loop's
 
 A cost model with `decode_step_times` (the roofline) times a run's steps in one call; the run then
 stops only at its block crossings and snapshots, not at every step. Others are asked step by step, as
-the loop would ask them (a calibrated model counts and splits each step).
+the loop would ask them (a calibrated model counts each step and may draw its scatter step by step).
 """
 from __future__ import annotations
 
 from bisect import bisect_left
 from itertools import accumulate
-from operator import sub
 
 from engine.core.request import Request
 from engine.core.scheduler import Scheduler
 from sim.cost_models.batch import StepBatch
-from sim.cost_models.base import CostModel
+from sim.cost_models.base import CostModel, StepTiming
 from sim.core.runner import FakeModelRunner
 from traces.recorder import TraceRecorder
 
@@ -69,8 +68,6 @@ class DecodeRuns:
         self.runner = runner
         self.recorder = recorder
         self.cost_model = cost_model
-        # A model that splits its steps is asked step by step, for each step's phases.
-        self._split = cost_model.phases() is not None
         self.num_runs_at_once = 0  # runs whose steps the cost model timed in one call
         self.num_steps = 0  # steps taken in runs, of the whole replay
         self._last_step = 0.0  # seconds of the last step of the last run
@@ -98,7 +95,7 @@ class DecodeRuns:
             return 0, now
         try:
             n = len(run.rids)
-            times = None if self._split else self.cost_model.decode_step_times(n, n + sum(run.computed0), run.steps)
+            times = self.cost_model.decode_step_times(n, n + sum(run.computed0), run.steps)
             if times is not None:
                 self.num_runs_at_once += 1
                 now = self._time_at_once(run, now, step, next_arrival, times)
@@ -181,7 +178,7 @@ class DecodeRuns:
         free_blocks = self.kv.block_pool.free_block_queue
         num_usable = self.kv.block_pool.num_usable_blocks
         cost, recorder = self.cost_model, self.recorder
-        step_time, split = cost.step_time, self._split
+        step_time = cost.step_time
         starts, ends, used = run.starts, run.ends, run.used
         schedule_times, execute_times, sample_times = run.phases
         done = 0
@@ -193,29 +190,27 @@ class DecodeRuns:
                     break
             elif (step + done) % recorder.snapshot_every == 0:
                 recorder.on_decode_step_blocks(step + done)
-            start = now
-            now = start + step_time(StepBatch(0, n, 0, n, context0 + n * done, 0.0, [], low0 + done, high0 + done),
-                                    step + done)
-            starts.append(start)
+            timing = step_time(StepBatch(0, n, 0, n, context0 + n * done, 0.0, [], low0 + done, high0 + done),
+                               step + done)
+            starts.append(now)
+            now += timing.total
             ends.append(now)
-            # A cost model that splits its step (model time, host time) as CycleRecorder reads it.
-            schedule_time, execute_time, sample_time = cost.phases() if split else (0.0, now - start, 0.0)
-            schedule_times.append(schedule_time)
-            execute_times.append(execute_time)
-            sample_times.append(sample_time)
+            schedule_times.append(0.0)  # the phases as CycleRecorder writes them
+            execute_times.append(timing.device)
+            sample_times.append(timing.host)
             used.append(num_usable - free_blocks.num_free_blocks)
             done += 1
             run.done = done
         return now
 
     def _time_at_once(self, run: _Run, now: float, step: int, next_arrival: float | None,
-                      times: list[float]) -> float:
+                      times: list[StepTiming]) -> float:
         """Time every step the run may take in one call, cut it at the first step that starts at or after
         the next arrival, then visit only its block crossings and snapshots, in step order; returns the
         clock after the last step taken."""
         steps = run.steps
         # clock[j]: when step j starts, one step after the other as `now += step time` adds them.
-        clock = list(accumulate(times, initial=now))
+        clock = list(accumulate([t.total for t in times], initial=now))
         bound = steps if next_arrival is None else bisect_left(clock, next_arrival, 0, steps)
         pool = self.kv.block_pool
         every = self.recorder.snapshot_every
@@ -245,8 +240,8 @@ class DecodeRuns:
             used.extend([held] * (bound - len(used)))
             del used[bound:]
             run.starts, run.ends = clock[:bound], clock[1:bound + 1]
-            zeros = [0.0] * bound
-            run.phases = (zeros, list(map(sub, run.ends, run.starts)), zeros)
+            taken = times[:bound]
+            run.phases = ([0.0] * bound, [t.device for t in taken], [t.host for t in taken])
             run.done = bound
         return clock[bound]
 

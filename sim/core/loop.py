@@ -29,7 +29,7 @@ from engine.core.request import Request, RequestStatus
 from engine.core.sched_output import SchedulerOutput
 from engine.core.step_cycle import StepCycle, StepTimes
 from sim.cost_models.batch import batch_from_output
-from sim.cost_models.base import CostModel
+from sim.cost_models.base import CostModel, StepTiming
 from sim.core.decode_runs import MAX_RUN, DecodeRuns
 from sim.core.runner import FakeModelRunner
 from sim.core.sources import SimRequest, make_request
@@ -40,12 +40,17 @@ _FINISH_STATUS = {"stop": RequestStatus.FINISHED_STOPPED, "length": RequestStatu
 
 
 class CycleRecorder:
-    """A TraceRecorder as the step cycle's recorder: the cycle's timestamps become the step's row,
-    split as the engine's trace splits them."""
+    """A TraceRecorder as the step cycle's recorder: a step's row spans the cycle's clock, and its phases
+    are the cost model's timing of that step (execute: the device time, sample: the host time), which
+    `launch` hands over as it launches the step."""
 
-    def __init__(self, recorder: TraceRecorder, cost: CostModel | None = None) -> None:
+    def __init__(self, recorder: TraceRecorder) -> None:
         self.recorder = recorder
-        self.cost = cost
+        # By id() of the step's SchedulerOutput: async scheduling records steps that launched earlier.
+        self._timings: dict[int, StepTiming] = {}
+
+    def timed(self, so: SchedulerOutput, timing: StepTiming) -> None:
+        self._timings[id(so)] = timing
 
     def on_add(self, request: Request) -> None:
         self.recorder.on_add(request)
@@ -54,12 +59,19 @@ class CycleRecorder:
         return self.recorder.on_abort(freed)
 
     def on_step(self, so: SchedulerOutput, outputs: EngineCoreOutputs, times: StepTimes) -> list[Request]:
-        t_sched, t_exec, t_sample, t_update, t_end = times
-        phases = self.cost.phases() if self.cost is not None else None
-        if phases is not None:  # the clock only sees the sum of the cost model's phases
-            return self.recorder.on_step(so, outputs, t_sched, t_end, *phases)
-        return self.recorder.on_step(so, outputs, t_sched, t_end, t_exec - t_sched, t_sample - t_exec,
-                                     t_update - t_sample)
+        timing = self._timings.pop(id(so))
+        return self.recorder.on_step(so, outputs, times[0], times[-1], 0.0, timing.device, timing.host)
+
+
+def launch(cycle: StepCycle, cost_model: CostModel, step: int,
+           recorder: CycleRecorder | None) -> tuple[SchedulerOutput, StepTiming]:
+    """Schedule and launch the next step and time it (`step`: its index), for every loop: the recorder,
+    if the loop writes a trace, keeps the timing until it records the step."""
+    so = cycle.begin()
+    timing = cost_model.step_time(batch_from_output(so), step)
+    if recorder is not None:
+        recorder.timed(so, timing)
+    return so, timing
 
 
 @contextmanager
@@ -111,7 +123,8 @@ class Simulator:
         # to the pool so they add at most half a row per step (the engine's 1024 is for small pools).
         every = snapshot_every or max(1024, 2 * cache_config.num_gpu_blocks)
         self.recorder = TraceRecorder(self.writer, self.scheduler, snapshot_every=every, trace_level=trace_level)
-        self.cycle = StepCycle(self.scheduler, self.runner, self.clock, CycleRecorder(self.recorder, cost_model),
+        self.cycle_recorder = CycleRecorder(self.recorder)
+        self.cycle = StepCycle(self.scheduler, self.runner, self.clock, self.cycle_recorder,
                                batch_queue_size=2 if scheduler_config.async_scheduling else 1)
         self.num_added = 0
         # Decode-only stretches advance as runs (same decisions, see sim.core.decode_runs), where the loop is
@@ -167,8 +180,8 @@ class Simulator:
                          sim_time=self.now, wall_time=wall, interrupted=interrupted)
 
     def _loop(self, stream: Iterator[SimRequest], external: dict[int, list[tuple[str, str]]], bar: Any) -> None:
-        cycle, sched = self.cycle, self.scheduler
-        step_time, step_start = self.cost_model.step_time, self.step_start
+        cycle, sched, cost, recorder = self.cycle, self.scheduler, self.cost_model, self.cycle_recorder
+        step_start = self.step_start
         add = self.add_request
         runs = self.decode_runs = (DecodeRuns(sched, self.runner, self.recorder, self.cost_model)
                                    if self._use_decode_runs else None)
@@ -215,8 +228,7 @@ class Simulator:
                     step += done
                     cycle.num_steps += done
                     continue
-            so = cycle.begin()
-            self.now = start + step_time(batch_from_output(so), step)
+            self.now = start + launch(cycle, cost, step, recorder)[1].total
             so, outputs = cycle.finish()
             step += 1
             # Synchronously, the scheduler's finished ids are exactly this step's finishes (the next
@@ -233,7 +245,8 @@ class Simulator:
         hides it), runs on the device when that one ends, and its outputs apply at its own end. A recorded
         replay schedules each step no earlier than it was recorded, so the same arrivals are in before it;
         external finishes apply after the step they followed."""
-        cycle, sched, step_time, step_start = self.cycle, self.scheduler, self.cost_model.step_time, self.step_start
+        cycle, sched, cost, recorder = self.cycle, self.scheduler, self.cost_model, self.cycle_recorder
+        step_start = self.step_start
         add = self.add_request
         ends: deque[float] = deque()
         device_free = 0.0
@@ -251,8 +264,8 @@ class Simulator:
                 nxt = next(stream, None)
             self.now, cold = self.now + cold, 0.0
             if cycle.has_work():
-                so = cycle.begin()
-                device_free = max(self.now, device_free) + step_time(batch_from_output(so), launched)
+                so, timing = launch(cycle, cost, launched, recorder)
+                device_free = max(self.now, device_free) + timing.total
                 launched += 1
                 ends.append(device_free)
                 if cycle.may_schedule_ahead(so):

@@ -3,6 +3,7 @@ model can tell. Every capability is declared here; `CostModelDefaults` gives the
 without it, so the simulator asks and never probes."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from sim.cost_models.batch import StepBatch
@@ -11,21 +12,31 @@ if TYPE_CHECKING:
     from sim.cost_models.intake import Intake
 
 
+@dataclass(slots=True, frozen=True)
+class StepTiming:
+    """Seconds of one step cycle: the model on the device, the host phases around it (schedule,
+    sampling, applying outputs) and the gap before the next step starts. A synchronous engine pays all
+    three in turn; a model that knows only a step's length gives it as `device`."""
+
+    device: float
+    host: float = 0.0
+    gap: float = 0.0
+
+    @property
+    def total(self) -> float:
+        return self.device + self.host + self.gap
+
+
 class CostModel(Protocol):
     """`name` goes into the trace's meta; `describe()` into meta too (parameters, fit error...)."""
 
     name: str
 
-    def step_time(self, batch: StepBatch, step: int) -> float:
-        """Seconds the step takes; `step` is the step's index (only `recorded` uses it)."""
+    def step_time(self, batch: StepBatch, step: int) -> StepTiming:
+        """How long the step takes, by part; `step` is the step's index (only `recorded` uses it)."""
         ...
 
     def describe(self) -> dict: ...
-
-    def phases(self) -> tuple[float, float, float] | None:
-        """The last `step_time` split as a trace splits a step (schedule, execute, sample seconds), for a
-        model that knows its parts; None: the clock's own split."""
-        ...
 
     def step_start(self, step: int) -> float | None:
         """When the recorded engine started this step (trace seconds): a recorded replay follows it."""
@@ -36,7 +47,7 @@ class CostModel(Protocol):
         """How an idle engine takes in arrivals, where the model measured it."""
         ...
 
-    def decode_step_times(self, num_seqs: int, context_tokens: int, count: int) -> list[float] | None:
+    def decode_step_times(self, num_seqs: int, context_tokens: int, count: int) -> list[StepTiming] | None:
         """`step_time` of `count` consecutive decode-only steps in one call (the first reading
         `context_tokens` of context, each next one `num_seqs` more); None: ask step by step."""
         ...
@@ -62,13 +73,10 @@ class CostModelDefaults:
     intake: Intake | None = None
     max_model_len: int | None = None
 
-    def phases(self) -> tuple[float, float, float] | None:
-        return None
-
     def step_start(self, step: int) -> float | None:
         return None
 
-    def decode_step_times(self, num_seqs: int, context_tokens: int, count: int) -> list[float] | None:
+    def decode_step_times(self, num_seqs: int, context_tokens: int, count: int) -> list[StepTiming] | None:
         return None
 
     def num_gpu_blocks(self, block_size: int, gpu_memory_utilization: float = 0.9,

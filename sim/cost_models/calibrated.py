@@ -24,9 +24,8 @@ from typing import Any
 import numpy as np
 
 from sim.cost_models.batch import StepBatch
-from sim.cost_models.base import CostModelDefaults
-from sim.cost_models.parts import (DEVICE_TERMS, PART_TERMS, PARTS, RANGE_FIELDS, TERM_UNITS, StepParts,
-                                   part_features)
+from sim.cost_models.base import CostModelDefaults, StepTiming
+from sim.cost_models.parts import DEVICE_TERMS, PART_TERMS, PARTS, RANGE_FIELDS, TERM_UNITS, part_features
 from sim.cost_models.residuals import ResidualSampler
 from sim.cost_models.intake import Intake
 
@@ -129,14 +128,13 @@ class CalibratedCostModel(CostModelDefaults):
         self._range = self.profile.get("fitted_range") or {}
         self._outside: dict[str, int] = {}
         self._num_steps = 0
-        self._phases = (0.0, 0.0, 0.0)
 
     @classmethod
     def load(cls, path: str | Path, seed: int | None = None) -> CalibratedCostModel:
         prof = load_profile(path)
         return cls(prof["coefficients"], prof, str(path), seed)
 
-    def step_parts(self, batch: StepBatch, step: int) -> StepParts:
+    def step_time(self, batch: StepBatch, step: int) -> StepTiming:
         """Device, host and gap seconds of this step (async scheduling may overlap host with device)."""
         self._check_range(batch)
         mult = self._sampler.at(step) if self._sampler is not None else None
@@ -149,17 +147,7 @@ class CalibratedCostModel(CostModelDefaults):
             coef, mean = law
             t = float(np.dot(coef, part_features(part, batch)))
             out.append(t * (mean if mult is None else float(mult[i])))
-        return StepParts(*out)
-
-    def step_time(self, batch: StepBatch, step: int) -> float:
-        """A synchronous engine's step cycle: model, host phases and the gap before the next step."""
-        p = self.step_parts(batch, step)
-        self._phases = (0.0, p.device, p.host)
-        return p.total
-
-    def phases(self) -> tuple[float, float, float]:
-        """The model's time is the step's `execute`, the host phases around it its `sample`."""
-        return self._phases
+        return StepTiming(*out)
 
     def _check_range(self, batch: StepBatch) -> None:
         self._num_steps += 1

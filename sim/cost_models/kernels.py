@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from sim.cost_models.batch import StepBatch
-from sim.cost_models.base import CostModelDefaults
+from sim.cost_models.base import CostModelDefaults, StepTiming
 from sim.cost_models.hardware import Hardware
 from sim.cost_models.model_shape import ModelShape, rank_shape
 
@@ -166,9 +166,11 @@ class KernelSumCostModel(CostModelDefaults):
         return self.hardware.step_overhead + self.hardware.seq_overhead * (batch.num_prefill_seqs
                                                                            + batch.num_decode_seqs)
 
-    def step_time(self, batch: StepBatch, step: int) -> float:
+    def step_time(self, batch: StepBatch, step: int) -> StepTiming:
+        """The kernels' sum on the device; the host's time around them only where a synchronous engine
+        waits for it (async scheduling hides it behind the next step)."""
         device = self.device_time(batch)
-        return device if self.async_scheduling else device + self.host_time(batch)
+        return StepTiming(device, 0.0 if self.async_scheduling else self.host_time(batch))
 
     def breakdown(self, batch: StepBatch) -> dict[str, float]:
         """Seconds per kernel kind for one step (all layers), for reports and tests."""

@@ -8,8 +8,6 @@ execution while a synchronous engine pays all three in a row.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from sim.cost_models.batch import StepBatch
@@ -23,20 +21,6 @@ TERM_UNITS = {"c0": "step", "c_p": "prefill token", "c_d": "decode token", "c_ct
               "c_attn": "prefill attention pair", "c_seq": "sequence", "c_pseq": "prefill sequence", "h0": "step",
               "h_seq": "sequence", "h_pseq": "prefill sequence", "h_tok": "token", "g0": "step", "g_seq": "sequence",
               "g_pseq": "prefill sequence"}
-
-
-@dataclass(slots=True)
-class StepParts:
-    """Seconds of one step cycle: model execution, host phases around it, gap before the next step."""
-
-    device: float
-    host: float
-    gap: float
-
-    @property
-    def total(self) -> float:
-        """A synchronous engine's step cycle: nothing overlaps."""
-        return self.device + self.host + self.gap
 
 
 def part_features(part: str, b: StepBatch) -> list[float]:

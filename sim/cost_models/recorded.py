@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from sim.cost_models.batch import StepBatch
-from sim.cost_models.base import CostModelDefaults
+from sim.cost_models.base import CostModelDefaults, StepTiming
 
 
 class RecordedCostModel(CostModelDefaults):
@@ -32,8 +32,8 @@ class RecordedCostModel(CostModelDefaults):
         steps = trace.steps.sort_values("step", kind="stable")
         return cls(steps["start"].to_numpy(dtype=float), steps["end"].to_numpy(dtype=float), str(trace.path))
 
-    def step_time(self, batch: StepBatch, step: int) -> float:
-        return self.durations[step] if step < len(self.durations) else self.fallback
+    def step_time(self, batch: StepBatch, step: int) -> StepTiming:
+        return StepTiming(self.durations[step] if step < len(self.durations) else self.fallback)
 
     def step_start(self, step: int) -> float | None:
         """When the engine started this step (trace seconds); None past the recorded steps."""

@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from sim.cost_models.base import CostModelDefaults
+from sim.cost_models.base import CostModelDefaults, StepTiming
 from sim.cost_models.parts import PARTS
 
 MAX_BLOCK = 64
@@ -151,16 +151,15 @@ class ResidualScaled(CostModelDefaults):
         self.seed = seed
         self.name = f"{base.name}+residuals"
 
-    def step_time(self, batch: Any, step: int) -> float:
-        return self.base.step_time(batch, step) * float(self.sampler.at(step)[0])
+    def step_time(self, batch: Any, step: int) -> StepTiming:
+        """The base's step scaled by the drawn device ratio, part by part."""
+        t, m = self.base.step_time(batch, step), float(self.sampler.at(step)[0])
+        return StepTiming(t.device * m, t.host * m, t.gap * m)
 
     def describe(self) -> dict:
         return {**self.base.describe(), "residual_seed": self.seed}
 
     # The base's capabilities, but not its decode_step_times: those would be the unscaled times.
-    def phases(self) -> tuple[float, float, float] | None:
-        return self.base.phases()
-
     def step_start(self, step: int) -> float | None:
         return self.base.step_start(step)
 

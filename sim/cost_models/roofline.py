@@ -12,6 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from sim.cost_models.base import StepTiming
 from sim.cost_models.batch import StepBatch, causal_pairs
 from sim.cost_models.hardware import CALIBRATION_ONLY, Hardware, get_hardware, hardware_names
 from sim.cost_models.kernels import AttentionShape, KernelSumCostModel, kv_blocks
@@ -147,7 +148,7 @@ class RooflineCostModel(KernelSumCostModel):
         return cls(shape, hw, f"calibration profile {profile}", tp=tp, async_scheduling=False,
                    kv_cache_memory=kv_memory)
 
-    def decode_step_times(self, num_seqs: int, context_tokens: int, count: int) -> list[float]:
+    def decode_step_times(self, num_seqs: int, context_tokens: int, count: int) -> list[StepTiming]:
         """`step_time` of `count` consecutive decode-only steps, the first reading `context_tokens` of
         context and each next one `num_seqs` more: a decode run (sim.core.decode_runs) times its steps in one
         call. The roofline has no skew, so the context's sum is all it needs."""

@@ -103,7 +103,7 @@ def predicted_parts(a: Any, b: Any) -> dict[str, np.ndarray] | None:
     out = {"device": np.zeros(n), "host": np.zeros(n), "gap": np.zeros(n)}
     index = {s: i for i, s in enumerate(a.steps.sort_values("step")["step"].to_numpy())}
     for step, batch in zip(table.index, step_batches(table)):
-        p = model.step_parts(batch, 0)
+        p = model.step_time(batch, 0)
         i = index[step]
         out["device"][i], out["host"][i], out["gap"][i] = p.device, p.host, p.gap
     return out
