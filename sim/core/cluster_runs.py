@@ -9,8 +9,9 @@ a step by its batch and step index, whatever order it is asked in):
   of a run's last step is what it reads step by step: decode steps add and free no request, and a step
   takes its blocks (and caches its prefix blocks) when it is scheduled, as the run takes them.
 - The watch may stop the whole cluster at a request that ends on another replica, in the middle of a
-  run. `ReplicaRuns.rewind` then takes back the run's steps that end after the stop: the tokens they
-  appended and their count, which is what the results read (the stopped run's blocks are not undone).
+  run. `ReplicaRuns.rewind` then takes back the run's steps that end after the stop
+  (`engine.core.decode_run.rewind_decode_steps`): the tokens they appended and their count, which is
+  what the results read; the blocks they took stay held, since the stopped cluster steps no further.
 
 Runs are used only where the cluster writes no trace (what `sim plan`'s searches run): a trace numbers
 steps cluster-wide in the order they end, and a run's steps interleave with other replicas' steps.
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 from bisect import bisect_right
 
+from engine.core.decode_run import rewind_decode_steps
 from engine.core.scheduler import Scheduler
 from sim.cost_models.base import CostModel
 from sim.core.decode_runs import DecodeRuns
@@ -67,12 +69,6 @@ class ReplicaRuns:
         ends = self.log.ends
         k = len(ends) - bisect_right(ends, t)
         if k:
-            for rid in self.log.rids:
-                req = self.requests[rid]
-                del req.output_token_ids[-k:]
-                del req.all_token_ids[-k:]
-                req.num_computed_tokens -= k
-                if req.block_size:
-                    del req.block_hashes[len(req.all_token_ids) // req.block_size:]
+            rewind_decode_steps((self.requests[rid] for rid in self.log.rids), k)
             self.log.ends = ends[:-k]
         return k
