@@ -242,6 +242,15 @@ def test_bad_workload_file_names_file_and_field(tmp_path, case):
     assert message.startswith(f"{path}: {field}: ") and "\n" not in message
 
 
+def test_a_bad_workload_file_lists_every_problem_in_one_line(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("name: bad\nnum_requests: 3\narrival: {process: poisson, rate: 2, rtae: 3}\n"
+                    "prompt_tokens: {dist: uniform, min: 9, max: 3}\nseeed: 1\n")
+    with pytest.raises(WorkloadError) as e:
+        load_workload(path)
+    message = str(e.value)
+    assert "\n" not in message and all(f in message for f in ("arrival.rtae", "prompt_tokens.max", "seeed")), message
+
 def test_missing_workload_file_is_a_workload_error(tmp_path):
     with pytest.raises(WorkloadError, match="nope.yaml: file: no such file"):
         load_workload(tmp_path / "nope.yaml")

@@ -27,7 +27,7 @@ SCHEDULED_COLUMNS = [Column("request", 12), Column("phase", 8), Column("tokens",
                      Column("-blocks", 18)]
 RUNNING_COLUMNS = [Column("#", 4, True), Column("request", 12), Column("prompt", 6, True),
                    Column("since", 7, True)]
-WAITING_COLUMNS = [Column("#", 4, True), Column("request", 12), Column("queued s", 9, True),
+WAITING_COLUMNS = [Column("#", 4, True), Column("request", 12), Column("queued at s", 11, True),
                    Column("why not admitted", 50)]
 LIFECYCLE_COLUMNS = [Column("time s", 9, True), Column("step", 7, True), Column("event", 11), Column("detail", 60)]
 COMPARE_COLUMNS = [Column("", 1), Column("step", 7, True), Column("A tok", 6, True), Column("B tok", 6, True),

@@ -49,14 +49,23 @@ def _describe(err: dict) -> tuple[str, str]:
     return "", msg
 
 
+MAX_LISTED = 10  # problems listed in the one line; past them, a count
+
+
+def _problem(err: dict, data: Any) -> tuple[str, str]:
+    """(field path, what is wrong) of one pydantic error."""
+    suffix, what = _describe(err)
+    path = _field_path(tuple(err["loc"]), data) + suffix
+    return path.removeprefix("(top level)."), what
+
+
 def from_validation_error(exc: ValidationError, source: str | Path, data: Any) -> WorkloadError:
-    """The first pydantic error as a WorkloadError (a count of the others is appended)."""
-    errors = exc.errors()
-    first = errors[0]
-    suffix, what = _describe(first)
-    path = _field_path(tuple(first["loc"]), data) + suffix
-    if path.startswith("(top level)."):
-        path = path.removeprefix("(top level).")
-    if len(errors) > 1:
-        what += f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})"
+    """Every pydantic error in one line: the first as the error's field, the others after it, so that
+    one fix-and-rerun mends them all."""
+    problems = [_problem(err, data) for err in exc.errors()]
+    path, what = problems[0]
+    if len(problems) > 1:
+        what += "".join(f"; {p}: {w}" for p, w in problems[1:MAX_LISTED])
+    if len(problems) > MAX_LISTED:
+        what += f"; and {len(problems) - MAX_LISTED} more"
     return WorkloadError(source, path, what)

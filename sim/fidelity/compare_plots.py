@@ -28,6 +28,7 @@ def write_qq_plots(a: Any, b: Any, out_dir: str | Path) -> list[Path]:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     sa, sb = latency_samples(a), latency_samples(b)
+    name_a, name_b = Path(str(a.path)).name, Path(str(b.path)).name
     written = []
     for name, title in (("ttft", "TTFT"), ("itl", "inter-token latency")):
         fig, ax = plt.subplots(figsize=(5, 5))
@@ -38,8 +39,11 @@ def write_qq_plots(a: Any, b: Any, out_dir: str | Path) -> list[Path]:
                 ax.annotate(f"p{q + 1}", (qa[q], qb[q]), fontsize=8)
             lo, hi = min(qa.min(), qb.min()), max(qa.max(), qb.max())
             ax.plot([lo, hi], [lo, hi], color="grey", lw=0.8, ls="--")
-        ax.set(title=f"{title} QQ: predicted vs measured", xlabel=f"measured (A) {name} ms",
-               ylabel=f"predicted (B) {name} ms")
+            if lo > 0:  # latencies span decades: linear axes crowd every quantile but the tail into a corner
+                ax.set_xscale("log")
+                ax.set_yscale("log")
+        ax.set(title=f"{title} quantiles, B against A", xlabel=f"A: {name_a}, {name} ms",
+               ylabel=f"B: {name_b}, {name} ms")
         ax.grid(alpha=0.3)
         fig.tight_layout()
         path = out / f"{name}_qq.png"

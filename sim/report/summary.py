@@ -270,8 +270,9 @@ def write_plots(trace: Any, out_dir: str | Path, bins: int = 200, slos: list[SLO
     save(fig, "throughput.png")
 
     fig, ax = plt.subplots(figsize=(8, 3.5))
-    ax.plot(end, steps["num_waiting"].to_numpy(), label="waiting", lw=0.8)
     ax.plot(end, steps["num_running"].to_numpy(), label="running", lw=0.8)
+    # Drawn last and dashed: where nobody waits it would otherwise lie hidden under the running line.
+    ax.plot(end, steps["num_waiting"].to_numpy(), label="waiting", lw=1.0, ls="--", zorder=3)
     ax.set(title="queue length", xlabel="simulated time (s)", ylabel="requests")
     ax.legend()
     ax.grid(alpha=0.3)
