@@ -85,6 +85,13 @@ def test_recorded_replay_follows_the_engine_clock(replayed):
     assert list(b["output_token_ids"].map(list)) == list(a["output_token_ids"].map(list))
 
 
+def test_recorded_replay_keeps_each_steps_execute_time_as_its_device_time(replayed):
+    """Otherwise a replay compared with its own source reads as a slower device (same-shape speed > 1)."""
+    eng, sim = replayed
+    a, b = eng.steps.sort_values("step"), sim.steps.sort_values("step")
+    assert (a["execute_time"] > 0).all()
+    assert (b["execute_time"].to_numpy() == a["execute_time"].to_numpy()).mean() > 0.99
+
 def test_sim_trace_meta_names_source_and_cost_model(replayed, engine_trace):
     _, sim = replayed
     assert sim.meta["source"] == "sim" and sim.complete
