@@ -18,8 +18,8 @@ from traces.files import replaced_when_done
 # it is written, and the requests table's token ids make its rows large.
 ROW_GROUP_ROWS = 1 << 19
 ROW_GROUP_BYTES = 64 << 20
-# The keys a reader selects rows by. No reader here uses statistics; min/max of every column cost 12%
-# of compaction (a 6000-request replay's tables: 0.57 -> 0.50 s) for nothing.
+# The keys a reader selects rows by. No reader here uses statistics; min/max of every column would
+# slow compaction for nothing.
 STATISTICS_COLUMNS = ("step", "request_id")
 
 
@@ -115,8 +115,7 @@ def read_arrow_stream(path: Path, columns: tuple[str, ...], arrow_lists: bool = 
 def dictionary_columns(schema: Any) -> list[str]:
     """The Parquet columns worth dictionary-encoding: strings (request ids, events, phases) and list
     values (token and block ids repeat). Times and counts are nearly all distinct, so a dictionary only
-    costs time there before Parquet falls back to plain: without them a 3000-request replay's trace
-    compacts 15% faster (steps: 2.6x) to files of the same size."""
+    costs time there before Parquet falls back to plain, for files of the same size."""
     import pyarrow as pa
 
     out = []

@@ -7,11 +7,10 @@ law in the batch's shape, fitted to measured engine steps by `sim calibrate`. Th
 Each term is a physical cost (fixed launch/weight read, per-token matmuls, KV reads, causal attention,
 per-sequence bookkeeping, what a prefill sequence costs beyond its tokens), so a cost can never be
 negative: the fit is NNLS, not plain least squares. Without c_pseq, a law fitted on a run of short
-prompts put their many small prefills' fixed cost into c_p and timed another run's longer prompts 8-28 %
-slow (our engine and vLLM-CPU, 5 of 5 held-out runs of bench/fidelity.py); with it, -4 to +16 %. What
-the term stands for is measured in runs only (2.3 ms on our engine, 4.6 ms on vLLM-CPU): a lone 16-token
-prompt took our engine 5.4 ms through LLM.generate against 3.4 ms per decode step, its tokens' worth and
-no more, so it is not the attention call per sequence; in a run, prefills follow waits and join decodes.
+prompts puts their many small prefills' fixed cost into c_p and times another run's longer prompts too
+slow (held out in bench/fidelity.py). The term shows only in runs, where prefills follow waits and join
+decodes: a lone short prompt costs its tokens' worth and no more, so it is not the attention call per
+sequence.
 The host phases and the gap before the next step have laws of their own, and the measured scatter
 around all three is replayed from the profile's residual table (sim.cost_models.residuals).
 """

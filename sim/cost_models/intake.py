@@ -8,15 +8,13 @@ calibration's gap law counts only while the engine is busy. Left out, a burst th
 one step is split by the simulator into a first request alone and the rest one step later, and TTFT
 shifts by a whole prefill step. Both quantities are read off a trace's `arrival` and `queued` times.
 
-The run's first add is cold (vLLM-CPU: 11-22 ms against 1 ms later; this engine: 2-14 ms against
-0.5 ms). What arrives during it depends on the engine, and the trace shows which. vLLM-CPU spends it
-adding (its front end processes requests one by one before the engine core sees them): requests that
-arrive meanwhile mostly wait for the next step (of those arriving between the first request's arrival
-and its queued time, 9 joined the first step and 21 waited, in 6 held-out runs of bench/fidelity.py;
-0 and 11 in its training runs). This engine spends it before adding, then adds what has arrived (33
-joined, 1 waited, in 9 held-out runs). `fit_intake` reads it off the first wake-up of the calibration
-runs; where none arrived in that window (this engine's training runs), the engine is taken to add what
-arrived before its first add ended, the simpler of the two.
+The run's first add is cold, several times slower than later ones. What arrives during it depends on
+the engine, and the trace shows which. vLLM-CPU spends it adding (its front end processes requests one
+by one before the engine core sees them), so requests that arrive meanwhile mostly wait for the next
+step; this engine spends it before adding, then adds what has arrived (both held out in
+bench/fidelity.py). `fit_intake` reads it off the first wake-up of the calibration runs; where none
+arrived in that window, the engine is taken to add what arrived before its first add ended, the
+simpler of the two.
 """
 from __future__ import annotations
 

@@ -8,8 +8,8 @@ those ratios. Blocks keep the runs of slow steps that move TTFT and TPOT tails; 
 average them away and give intervals that are far too narrow.
 
 A profile calibrated on several runs also knows how fast the machine ran each of them: the mean ratio of
-each run (its level) differs from run to run by more than a replay of one run averages out (two vLLM-CPU
-runs of the same workload fitted per-step costs of 6.8 and 4.0 ms). So a sampled replay is one run: it
+each run (its level) differs from run to run by more than a replay of one run averages out (two runs of
+the same workload on one machine can differ by half). So a sampled replay is one run: it
 runs at one level, and draws blocks of within-run scatter (each run's ratios divided by its own level)
 from all of them. Each calibration run is split into consecutive parts that serve as runs: the
 machine's speed drifts over minutes, and the drift within a training run is evidence of how fast
@@ -17,15 +17,9 @@ another run will go.
 
 The level of a replay is not one of the k observed levels but a quantile of the predictive distribution
 of a new run's level given them (`predictive_level`): with k = 2-4 observations, the next run falls
-outside their range about 2/(k+1) of the time. Seeds 0..N-1 take evenly spread quantiles of it. On
-three sets of bench/fidelity.py recordings (each: engine and vLLM-CPU, one training run and pooled
-training runs), drawing the observed levels in turn put the measured value inside the p5-p95 interval
-for 9, 7, 6, 6 / 8, 7, 6, 6 / 6, 10, 8, 4 of 10 metrics; the predictive levels for 10, 9, 9, 8 / 9, 9,
-7, 7 / 8, 10, 10, 10, with the sampled medians' errors about as before (summed over the six latency
-metrics, lower in 7 of the 12 cases). The intervals are wider: a vLLM-CPU TPOT p50 from one training
-run spans 26 % of the median before and 71 % after, against a noise floor (another recording of the
-same held-out run) of 7, 8 and 65 % for that metric on the three sets. On a fourth set, recorded after
-the change was made: 5, 2, 6, 10 -> 6, 7, 8, 10.
+outside their range about 2/(k+1) of the time, which drawing only the observed levels would deny. Seeds
+0..N-1 take evenly spread quantiles of it. Held-out recordings of bench/fidelity.py (engine and
+vLLM-CPU) decided it: more measured values fall inside the sampled p5-p95 intervals, which are wider.
 """
 from __future__ import annotations
 

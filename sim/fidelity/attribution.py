@@ -57,8 +57,8 @@ def warp(times: np.ndarray, steps: pd.DataFrame, starts: np.ndarray, ends: np.nd
     """Instants of the trace's own clock carried onto a re-timed one, linearly within each step and each
     gap between steps: an arrival keeps its place among the steps it came between. Without this, a
     re-timed busy spell that runs a few percent slow carries every later first token away from its
-    fixed arrival: a training run replayed on its own profile read TTFT p50's +30 % as +104 % step time
-    and -83 % decisions; with it, the step-time term holds only what the re-timed steps themselves add."""
+    fixed arrival, and the step-time term grows past the whole error while the decision term turns
+    negative to make up for it; with it, the step-time term holds only what the re-timed steps add."""
     s = steps.sort_values("step")
     own = np.column_stack([s["start"].to_numpy(float), s["end"].to_numpy(float)]).ravel()
     new = np.column_stack([starts, ends]).ravel()
