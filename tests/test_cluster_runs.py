@@ -11,7 +11,7 @@ from sim.core.cluster import Cluster
 from sim.core.cluster_runs import ReplicaRuns
 from sim.cost_models.roofline import RooflineCostModel
 from sim.core.loop import Simulator
-from sim.plan.search import miss_watch
+from sim.plan.search import MissWatch
 from sim.report.summary import parse_slo
 from sim.core.routers import ROUTERS
 from sim.core.sources import open_source
@@ -82,11 +82,27 @@ def test_a_watch_stop_in_the_middle_of_runs_leaves_the_step_by_step_result(monke
     rewind = ReplicaRuns.rewind
     monkeypatch.setattr(ReplicaRuns, "rewind", lambda self, t: rewound.append(rewind(self, t)) or rewound[-1])
     for slo in ("ttft_p99=100ms", "ttft_p50=300ms"):
-        watches = [miss_watch(parse_slo(slo), 60) for _ in range(2)]
+        watches = [MissWatch(parse_slo(slo), 60) for _ in range(2)]
+        for w in watches:
+            w.interval = None  # stopped by a finish only
         runs = _run(replicas, "least_outstanding", True, _roofline(), time_scale=0.5, watch=watches[0])
         _assert_same(runs, _run(replicas, "least_outstanding", False, _roofline(), time_scale=0.5, watch=watches[1]))
         assert runs[1].stopped
     assert sum(rewound) > 0
+
+
+@pytest.mark.parametrize("replicas", [1, 3])
+def test_a_watch_that_sees_requests_in_flight_stops_sooner_with_the_step_by_step_result(replicas):
+    """Requests still waiting past the TTFT threshold are misses already: the overloaded run stops before
+    the finish-only watch would stop it, at the same point with runs or without."""
+    slos = parse_slo("ttft_p90=100ms")
+    finish_only = MissWatch(slos, 60)
+    finish_only.interval = None
+    late = _run(replicas, "least_outstanding", True, _roofline(), time_scale=0.2, watch=finish_only)[1]
+    runs = _run(replicas, "least_outstanding", True, _roofline(), time_scale=0.2, watch=MissWatch(slos, 60))
+    _assert_same(runs, _run(replicas, "least_outstanding", False, _roofline(), time_scale=0.2,
+                            watch=MissWatch(slos, 60)))
+    assert late.stopped and runs[1].stopped and runs[1].sim_time < late.sim_time
 
 
 def test_a_cluster_that_writes_a_trace_takes_its_steps_one_by_one(tmp_path):

@@ -19,10 +19,10 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import pandas as pd
 
@@ -87,6 +87,17 @@ class _ReplicaWriter:
         self._stamp()
 
 
+class RunWatch(Protocol):
+    """What may stop a run once its verdict is known: told of each request as it ends, and asked about
+    the ones still in flight every `interval` simulated seconds (None: never)."""
+
+    interval: float | None
+
+    def ended(self, req: Request) -> bool: ...
+
+    def in_flight(self, now: float, requests: Iterable[Request]) -> bool: ...
+
+
 class Replica:
     """One engine replica: its scheduler, runner, inbox of routed requests and the step in flight."""
 
@@ -149,7 +160,7 @@ class Replica:
             self.added.append(req)
             if cluster.watch is not None:
                 if req.is_finished():
-                    cluster.stopped |= bool(cluster.watch(req))
+                    cluster.stopped |= cluster.watch.ended(req)
                 else:
                     self.live[req.request_id] = req
         self.inbox.clear()
@@ -204,7 +215,7 @@ class Replica:
                 forget(out.request_id)
                 finished = True
                 req = self.live.pop(out.request_id, None)  # a rejected request was watched when added
-                if watch is not None and req is not None and watch(req):
+                if watch is not None and req is not None and watch.ended(req):
                     self.cluster.stopped = True
         if not finished and not (so.total_num_scheduled_tokens or self.scheduler.running or outputs.outputs
                                  or so.preempted_req_ids or self.cycle.in_flight):
@@ -231,7 +242,7 @@ class Cluster:
             raise ValueError(f"replicas: must be >= 1, got {num_replicas}")
         self.now = 0.0
         self.num_steps = 0
-        self.watch: Callable[[Request], bool] | None = None
+        self.watch: RunWatch | None = None
         self.stopped = False
         self.cost_model = cost_model
         self.router = make_router(router, seed) if isinstance(router, str) else router
@@ -261,9 +272,10 @@ class Cluster:
     def clock(self) -> float:
         return self.now
 
-    def run(self, requests: Iterable[SimRequest], watch: Callable[[Request], bool] | None = None) -> ClusterResult:
-        """`watch` sees every request as it ends (finished, rejected); once it returns True the run stops
-        there (a search that already knows the verdict), leaving later requests unfinished."""
+    def run(self, requests: Iterable[SimRequest], watch: RunWatch | None = None) -> ClusterResult:
+        """`watch` sees every request as it ends (finished, rejected) and, every `watch.interval` simulated
+        seconds, those still in flight; once it answers True the run stops there (a search that already
+        knows the verdict), leaving later requests unfinished."""
         self.watch = watch
         with fewer_collections():
             try:
@@ -281,6 +293,9 @@ class Cluster:
         events: list[tuple[float, int]] = []
         nxt = next(stream, None)
         inf = math.inf
+        watch = self.watch
+        interval = watch.interval if watch is not None else None
+        next_look = interval if interval is not None else inf
         while True:
             t_arrival = nxt.add_time if nxt is not None else inf
             t_end = events[0][0] if events else inf
@@ -290,6 +305,11 @@ class Cluster:
                 return
             if t == inf:
                 break
+            if next_look <= t:  # the watch's look at requests in flight, on its own clock: runs or not, the same
+                self.now = next_look
+                self.stopped |= watch.in_flight(next_look, (q for r in replicas for q in r.live.values()))
+                next_look += interval
+                continue
             self.now = t
             touched: list[Replica] = []
             # Step ends first: a request arriving exactly then is added to that replica's next step.
@@ -309,6 +329,7 @@ class Cluster:
                     end = r.start_step(t, nxt.add_time if nxt is not None else None)
                     if end is not None:
                         heapq.heappush(events, (end, r.index))
+
         stuck = [r for r in replicas if r.scheduler.waiting or r.scheduler.running]
         if stuck:
             r = stuck[0]

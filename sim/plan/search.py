@@ -16,7 +16,7 @@ import math
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 from typing import Any
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import numpy as np
 
@@ -171,21 +171,50 @@ def _latency(req: Any, metric: str) -> float:
     return (req.finished_time - req.first_token_time) / (n - 1) if n > 1 else math.nan
 
 
-def miss_watch(slos: list[SLO], num_requests: int) -> Callable[[Any], bool]:
-    """True once some SLO's percentile is over its threshold whatever the remaining requests do: with
-    m misses among N values, numpy's (linear) percentile p exceeds the threshold when m >= N - floor((N-1)p/100)."""
-    limits = [num_requests - math.floor((num_requests - 1) * (s.percentile or 100) / 100) for s in slos]
-    misses = [0] * len(slos)
+# Latencies a request still in flight is already known to miss once it has waited past the threshold
+# without reaching the latency's end: its first token, its first schedule, its finish.
+_STILL_OPEN: dict[str, Callable[[Any], float | None]] = {
+    "ttft": lambda r: r.first_token_time, "queue": lambda r: r.first_scheduled_time, "e2e": lambda r: r.finished_time}
 
-    def watch(req: Any) -> bool:
-        for i, slo in enumerate(slos):
+
+class MissWatch:
+    """Stops a run (see `Cluster.run`) once some SLO's percentile is over its threshold whatever the other
+    requests do: with m misses among N values, numpy's (linear) percentile p exceeds the threshold when
+    m >= N - floor((N-1)p/100). A miss counts when a request ends over the threshold, or earlier, while it
+    is still in flight, once it has waited past a TTFT, queue or e2e threshold: an overloaded cluster's
+    verdict is then known while its queue is still growing, long before those requests finish."""
+
+    def __init__(self, slos: list[SLO], num_requests: int) -> None:
+        self.slos = slos
+        self.limits = [num_requests - math.floor((num_requests - 1) * (s.percentile or 100) / 100) for s in slos]
+        self.missed: list[set[str]] = [set() for _ in slos]
+        open_thresholds = [s.threshold_s for s in slos if s.metric in _STILL_OPEN]
+        # Asked about requests in flight every half of the shortest such threshold of simulated time.
+        self.interval = min(open_thresholds) / 2 if open_thresholds else None
+
+    def _miss(self, i: int, request_id: str) -> bool:
+        missed = self.missed[i]
+        missed.add(request_id)
+        return len(missed) >= self.limits[i]
+
+    def ended(self, req: Any) -> bool:
+        """A request finished or was rejected; True once the verdict is a miss."""
+        lost = False
+        for i, slo in enumerate(self.slos):
             if _latency(req, slo.metric) > slo.threshold_s:
-                misses[i] += 1
-                if misses[i] >= limits[i]:
-                    return True
-        return False
+                lost |= self._miss(i, req.request_id)
+        return lost
 
-    return watch
+    def in_flight(self, now: float, requests: Iterable[Any]) -> bool:
+        """The requests still in flight at `now`; True once the verdict is a miss."""
+        lost = False
+        for req in requests:
+            waited = now - req.arrival_time
+            for i, slo in enumerate(self.slos):
+                reached = _STILL_OPEN.get(slo.metric)
+                if reached is not None and waited > slo.threshold_s and reached(req) is None:
+                    lost |= self._miss(i, req.request_id)
+        return lost
 
 
 @lru_cache(maxsize=2)
@@ -200,7 +229,7 @@ def residual_table(profile: str) -> dict[str, Any]:
 
 
 def run_at_rate(spec: PlanSpec, config: PlanConfig, rate: float, trace_dir: str | None = None,
-                watch: Callable[[Any], bool] | None = None, residual_seed: int | None = None,
+                watch: MissWatch | None = None, residual_seed: int | None = None,
                 overwrite: bool = False) -> Any:
     """The cluster's requests table with the workload's arrivals scaled to `rate` requests/s (`watch` may
     stop the run early, see `Cluster.run`); with `residual_seed`, step times carry one seeded draw of the
@@ -235,7 +264,7 @@ def evaluate_config(spec: PlanSpec, config: PlanConfig) -> dict[str, Any]:
     def meets(rate: float) -> bool:
         if rate not in points:
             try:
-                table = run_at_rate(spec, config, rate, watch=miss_watch(slos, len(reqs)))
+                table = run_at_rate(spec, config, rate, watch=MissWatch(slos, len(reqs)))
                 p = slo_check(table, slos, len(reqs), rate, spec.min_served_ratio)
                 p["rejected"] = rejections(table)
                 done = table[table["finish_reason"].isin(["stop", "length"])]
@@ -277,7 +306,7 @@ def sampled_max_rates(spec: PlanSpec, config: PlanConfig, nominal: float, slos: 
     for seed in range(spec.samples):
         def meets(rate: float, seed: int = seed) -> bool:
             try:
-                table = run_at_rate(spec, config, rate, watch=miss_watch(slos, num_requests), residual_seed=seed)
+                table = run_at_rate(spec, config, rate, watch=MissWatch(slos, num_requests), residual_seed=seed)
             except SimulationError:
                 return False
             return slo_check(table, slos, num_requests, rate, spec.min_served_ratio)["meets"]
