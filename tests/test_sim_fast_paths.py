@@ -181,3 +181,21 @@ def test_runner_forgets_every_request_that_ended(tmp_path, async_scheduling):
     assert result.num_requests == 40 and trace.requests["finish_reason"].notna().all()
     assert (trace.requests["finish_reason"] == "error").any()  # prompts past max_model_len are rejected
     assert sim.runner._base == {} and sim.runner._recorded == {}
+
+
+def test_copies_of_a_request_take_its_prompt_hashes_from_the_first_without_hashing_again(monkeypatch):
+    import dataclasses
+
+    import engine.core.request as request_module
+    from sim.core.sources import SimRequest, make_request
+
+    first = SimRequest(request_id="r", arrival=0.0, prompt_token_ids=list(range(100, 200)), max_tokens=4,
+                       add_time=0.0, prompt_block_hashes={})
+    fresh = make_request(dataclasses.replace(first, prompt_block_hashes=None), 16)
+    assert make_request(first, 16).block_hashes == fresh.block_hashes and first.prompt_block_hashes[16]
+
+    def no_hashing(*args):
+        raise AssertionError("hashed again")
+
+    monkeypatch.setattr(request_module, "hash_block_tokens", no_hashing)
+    assert make_request(dataclasses.replace(first, arrival=5.0), 16).block_hashes == fresh.block_hashes

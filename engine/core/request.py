@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 
 from engine.core.hashing import BlockHash, extra_keys_for, hash_block_tokens
 from engine.core.sampling_params import SamplingParams
@@ -51,7 +52,10 @@ class Request:
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams,
                  eos_token_id: int | None = None, arrival_time: float = 0.0, priority: int = 0,
-                 cache_salt: str | None = None, block_size: int | None = None) -> None:
+                 cache_salt: str | None = None, block_size: int | None = None,
+                 block_hashes: Sequence[BlockHash] = ()) -> None:
+        """`block_hashes`: those of the prompt's first full blocks at `block_size`, where the caller has
+        them already (a simulator adding the same prompt in run after run); the rest are computed."""
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
         self.output_token_ids: list[int] = []
@@ -89,7 +93,7 @@ class Request:
         self.is_prefill_chunk = False
         self._extra_keys = extra_keys_for(cache_salt)
         self.block_size = block_size
-        self.block_hashes: list[BlockHash] = []
+        self.block_hashes: list[BlockHash] = list(block_hashes)
         self.update_block_hashes()
 
     @property

@@ -38,6 +38,9 @@ class SimRequest:
     output_token_ids: list[int] | None = None
     stop_at_end: bool = False
     num_prompt_tokens: int | None = None  # for a prompt too long to serve, whose ids (None) were never made
+    # The prompt's block hashes by block size, shared by the copies of one request that `sim plan` adds at
+    # rate after rate, rather than hashing every prompt again in every run.
+    prompt_block_hashes: dict[int, list[bytes]] | None = None
 
 
 @dataclass(slots=True, kw_only=True)
@@ -166,5 +169,10 @@ def make_request(r: SimRequest, block_size: int | None = None) -> Request:
         eos = None
     if r.prompt_token_ids is None:
         return RefusedRequest(r.request_id, r.num_prompt_tokens, params, arrival_time=r.arrival)
-    return Request(r.request_id, r.prompt_token_ids, params, eos_token_id=eos, arrival_time=r.arrival,
-                   priority=r.priority, block_size=block_size)
+    memo = r.prompt_block_hashes if block_size else None
+    known = memo.get(block_size, ()) if memo is not None else ()
+    req = Request(r.request_id, r.prompt_token_ids, params, eos_token_id=eos, arrival_time=r.arrival,
+                  priority=r.priority, block_size=block_size, block_hashes=known)
+    if memo is not None and not known:
+        memo[block_size] = list(req.block_hashes)
+    return req

@@ -57,7 +57,8 @@ def base_requests(workload: str, max_requests: int | None, length_scale: float |
     if length_scale is not None:
         w = w.scaled(length_factor=length_scale)
     reqs = tuple(SimRequest(request_id=r.request_id, arrival=r.arrival, prompt_token_ids=r.prompt_token_ids,
-                            max_tokens=r.max_tokens, add_time=r.arrival, num_prompt_tokens=r.num_prompt_tokens)
+                            max_tokens=r.max_tokens, add_time=r.arrival, num_prompt_tokens=r.num_prompt_tokens,
+                            prompt_block_hashes={})
                  for r in w.requests(vocab_size=vocab_size, limit=max_requests, max_prompt_tokens=max_prompt_tokens))
     if len(reqs) < 2 or reqs[-1].arrival <= reqs[0].arrival:
         raise ValueError(f"{workload}: needs at least two requests at different times to define a rate")
@@ -247,7 +248,8 @@ def run_at_rate(spec: PlanSpec, config: PlanConfig, rate: float, trace_dir: str 
                       meta={"plan": {"config": config.to_dict(), "rate": rate}}, seed=spec.seed,
                       vocab_size=spec.vocab_size, overwrite=overwrite)
     stream = (SimRequest(request_id=r.request_id, arrival=r.arrival * scale, prompt_token_ids=r.prompt_token_ids,
-                         max_tokens=r.max_tokens, add_time=r.add_time * scale, num_prompt_tokens=r.num_prompt_tokens)
+                         max_tokens=r.max_tokens, add_time=r.add_time * scale, num_prompt_tokens=r.num_prompt_tokens,
+                         prompt_block_hashes=r.prompt_block_hashes)
               for r in reqs)
     return cluster.run(stream, watch).requests
 
