@@ -68,7 +68,7 @@ def test_cost_per_million_output_tokens_counts_every_replica():
     rows = rank([(dataclasses.replace(CONFIG, replicas=2), {"max_rate": 1.0, "mean_output_tokens": 100.0, "attainment": 1.0})],
                 {"h100": 3.6})
     # 2 GPUs x $3.6/h for 1 req/s x 100 tokens x 3600 s = 0.36 M tokens per hour.
-    assert rows[0]["usd_per_m_output_tokens"] == pytest.approx(20.0)
+    assert rows[0].usd_per_m_output_tokens == pytest.approx(20.0)
 
 
 @pytest.mark.parametrize("extra, message", [
@@ -155,7 +155,7 @@ def test_configurations_with_identical_results_are_marked():
     rows = rank([(dataclasses.replace(CONFIG, max_num_seqs=64), _result(1.0)), (dataclasses.replace(CONFIG, max_num_seqs=256), _result(1.0)),
                  (dataclasses.replace(CONFIG, max_num_seqs=16), _result(0.7))], {})
     table = format_table(rows, ["max_num_seqs"])
-    assert [r["same_as"] for r in rows] == [None, 1, None]
+    assert [r.same_as for r in rows] == [None, 1, None]
     assert table.count("(same results as #1)") == 1
 
 

@@ -137,7 +137,7 @@ def plan(args: Any) -> int:
         bar.close()
     rows = rank([(c, results[c.key]) for c in configs], prices)
     if args.json:
-        print(json.dumps([{**r, "config": r["config"].to_dict()} for r in rows], default=str))
+        print(json.dumps([r.to_json() for r in rows], default=str))
     else:
         print(format_table(rows, swept))
         print(recommend(rows, offered_rate, swept))
@@ -153,12 +153,12 @@ def plan(args: Any) -> int:
         paths = write_plan_plots(rows, results, slos, swept, args.plots, title)
         if not args.json:
             print(f"plots: {', '.join(map(str, paths))}")
-    if args.trace and rows and rows[0]["max_rate"] > 0:
+    if args.trace and rows and rows[0].max_rate > 0:
         from sim.core.cluster import replica_summary
 
-        table = run_at_rate(spec, rows[0]["config"], rows[0]["max_rate"], args.trace, overwrite=args.overwrite)
+        table = run_at_rate(spec, rows[0].config, rows[0].max_rate, args.trace, overwrite=args.overwrite)
         if not args.json:
-            print(f"trace of #1 at {rows[0]['max_rate']:.3f} req/s: {args.trace}")
+            print(f"trace of #1 at {rows[0].max_rate:.3f} req/s: {args.trace}")
             print(replica_summary(table).to_string(index=False))
     return 0
 

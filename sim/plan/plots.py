@@ -6,12 +6,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from sim.plan.table import PlanRow
 from sim.report.summary import SLO
 
 MAX_CURVES = 12
 
 
-def write_plan_plots(rows: list[dict[str, Any]], results: dict[str, dict[str, Any]], slos: list[SLO],
+def write_plan_plots(rows: list[PlanRow], results: dict[str, dict[str, Any]], slos: list[SLO],
                      swept: list[str], out_dir: str | Path, title: str = "") -> list[Path]:
     """latency_vs_rate.png (one panel per SLO, the top-ranked configurations), cost_frontier.png and
     pareto.png; `title` (workload, model, hardware, cost model) heads each figure."""
@@ -26,10 +27,10 @@ def write_plan_plots(rows: list[dict[str, Any]], results: dict[str, dict[str, An
     fig, axes = plt.subplots(1, len(slos), figsize=(6 * len(slos), 4), squeeze=False)
     for ax, slo in zip(axes[0], slos):
         for row in rows[:MAX_CURVES]:
-            points = [p for p in results[row["config"].key].get("points", []) if slo.label in p]
+            points = [p for p in results[row.config.key].get("points", []) if slo.label in p]
             if points:
                 ax.plot([p["rate"] for p in points], [min(p[slo.label], 1e6) * 1e3 for p in points], marker=".",
-                        label=row["config"].label(swept))
+                        label=row.config.label(swept))
         ax.axhline(slo.threshold_s * 1e3, color="k", ls="--", lw=0.8)
         ax.set(title=slo.label, xlabel="offered rate (req/s)", ylabel="ms", xscale="log", yscale="log")
         ax.grid(alpha=0.3)
@@ -41,15 +42,15 @@ def write_plan_plots(rows: list[dict[str, Any]], results: dict[str, dict[str, An
     written.append(out / "latency_vs_rate.png")
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    priced = [r for r in rows if r["usd_per_m_output_tokens"] is not None and r["max_rate"] > 0]
+    priced = [r for r in rows if r.usd_per_m_output_tokens is not None and r.max_rate > 0]
     if priced:
-        ax.scatter([r["max_rate"] for r in priced], [r["usd_per_m_output_tokens"] for r in priced], s=12)
+        ax.scatter([r.max_rate for r in priced], [r.usd_per_m_output_tokens for r in priced], s=12)
         frontier, best = [], float("inf")
-        for r in sorted(priced, key=lambda r: (-r["max_rate"], r["usd_per_m_output_tokens"])):
-            if r["usd_per_m_output_tokens"] < best:
-                best = r["usd_per_m_output_tokens"]
+        for r in sorted(priced, key=lambda r: (-r.max_rate, r.usd_per_m_output_tokens)):
+            if r.usd_per_m_output_tokens < best:
+                best = r.usd_per_m_output_tokens
                 frontier.append(r)
-        ax.plot([r["max_rate"] for r in frontier], [r["usd_per_m_output_tokens"] for r in frontier], "r-",
+        ax.plot([r.max_rate for r in frontier], [r.usd_per_m_output_tokens for r in frontier], "r-",
                 label="frontier: cheapest at or above this rate")
         ax.legend(fontsize=7)
     else:
@@ -76,10 +77,10 @@ def pareto_front(points: list[tuple[float, float]]) -> list[int]:
     return sorted(front, key=lambda i: points[i][0])
 
 
-def _pareto(rows: list[dict[str, Any]], swept: list[str], out: Path, title: str, plt: Any) -> Path:
+def _pareto(rows: list[PlanRow], swept: list[str], out: Path, title: str, plt: Any) -> Path:
     fig, ax = plt.subplots(figsize=(8, 5))
-    usable = [r for r in rows if r["user_tok_s"] and r["max_rate"] > 0]
-    pts = [(r["user_tok_s"], r["output_tok_s_per_replica"]) for r in usable]
+    usable = [r for r in rows if r.user_tok_s and r.max_rate > 0]
+    pts = [(r.user_tok_s, r.output_tok_s_per_replica) for r in usable]
     if pts:
         ax.scatter(*zip(*pts), s=14)
         front = pareto_front(pts)
@@ -87,7 +88,7 @@ def _pareto(rows: list[dict[str, Any]], swept: list[str], out: Path, title: str,
         mid = (min(p[0] for p in pts) + max(p[0] for p in pts)) / 2
         for i in front:
             right = pts[i][0] > mid
-            ax.annotate(usable[i]["config"].label(swept), pts[i], fontsize=6, xytext=(-3 if right else 3, 3),
+            ax.annotate(usable[i].config.label(swept), pts[i], fontsize=6, xytext=(-3 if right else 3, 3),
                         textcoords="offset points", ha="right" if right else "left")
         ax.legend(fontsize=7)
     else:

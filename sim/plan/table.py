@@ -3,6 +3,7 @@ whose results are identical, and one recommendation for the offered rate."""
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, fields
 from typing import Any
 
 from sim.plan.config import PlanConfig
@@ -12,31 +13,53 @@ RANKING = {True: "ranked by $ per million output tokens at each configuration's 
            False: "ranked by max rate per replica (highest first); --price HW=$/h ranks by cost"}
 
 
-def rank(results: list[tuple[PlanConfig, dict[str, Any]]],
-         prices: dict[str, float]) -> list[dict[str, Any]]:
+@dataclass(slots=True, kw_only=True)
+class PlanRow:
+    """One configuration's line of the table: its search result and what follows from it at the max rate."""
+
+    config: PlanConfig
+    max_rate: float
+    capped: bool
+    goodput_req_s: float
+    output_tok_s: float
+    output_tok_s_per_replica: float
+    user_tok_s: float | None
+    usd_per_hour: float | None
+    usd_per_m_output_tokens: float | None
+    note: str | None
+    rejected: dict[str, int]
+    max_rate_interval: dict[str, Any] | None
+    same_as: int | None = None  # the rank of an earlier row with identical results
+
+    def to_json(self) -> dict[str, Any]:
+        return {**{f.name: getattr(self, f.name) for f in fields(self)}, "config": self.config.to_dict()}
+
+
+def rank(results: list[tuple[PlanConfig, dict[str, Any]]], prices: dict[str, float]) -> list[PlanRow]:
     """Rows sorted cheapest first (unpriced after priced, then by rate per replica); cost per million
     output tokens = price/GPU-h x GPUs (replicas x tensor parallel size) / (rate x mean output tokens x 3600 s)
     x 1e6."""
-    rows = []
+    rows, fingerprints = [], {}
     for config, res in results:
         rate = res["max_rate"]
         tok_s = rate * res.get("mean_output_tokens", 0.0)
         price = prices.get(str(config.hardware).lower())
         cost = price * config.num_gpus / (tok_s * 3600) * 1e6 if price is not None and tok_s > 0 else None
-        rows.append({"config": config, "max_rate": rate, "capped": res.get("capped", False),
-                     "goodput_req_s": rate * res.get("attainment", 0.0), "output_tok_s": tok_s,
-                     "output_tok_s_per_replica": tok_s / config.replicas,
-                     "user_tok_s": res.get("user_tok_s"), "usd_per_hour": None if price is None
-                     else price * config.num_gpus, "usd_per_m_output_tokens": cost, "note": res.get("note"),
-                     "rejected": res.get("rejected") or {}, "max_rate_interval": res.get("max_rate_interval"),
-                     "same_as": None, "_fingerprint": _fingerprint(res)})
-    rows.sort(key=lambda r: (r["usd_per_m_output_tokens"] is None, r["usd_per_m_output_tokens"] or 0.0,
-                             -r["max_rate"] / r["config"].replicas, r["config"].key))
+        row = PlanRow(config=config, max_rate=rate, capped=res.get("capped", False),
+                      goodput_req_s=rate * res.get("attainment", 0.0), output_tok_s=tok_s,
+                      output_tok_s_per_replica=tok_s / config.replicas, user_tok_s=res.get("user_tok_s"),
+                      usd_per_hour=None if price is None else price * config.num_gpus, usd_per_m_output_tokens=cost,
+                      note=res.get("note"), rejected=res.get("rejected") or {},
+                      max_rate_interval=res.get("max_rate_interval"))
+        rows.append(row)
+        fingerprints[id(row)] = _fingerprint(res)
+    rows.sort(key=lambda r: (r.usd_per_m_output_tokens is None, r.usd_per_m_output_tokens or 0.0,
+                             -r.max_rate / r.config.replicas, r.config.key))
     first: dict[str, int] = {}
     for i, row in enumerate(rows, 1):
-        fp = row.pop("_fingerprint")
+        fp = fingerprints[id(row)]
         if fp is not None:
-            row["same_as"] = first.get(fp)
+            row.same_as = first.get(fp)
             first.setdefault(fp, i)
     return rows
 
@@ -50,24 +73,24 @@ def _fingerprint(res: dict[str, Any]) -> str | None:
     return json.dumps([res.get(k) for k in keys], sort_keys=True, default=str)
 
 
-def format_table(rows: list[dict[str, Any]], swept: list[str]) -> str:
-    labels = [r["config"].label(swept) for r in rows]
-    priced = any(r["usd_per_m_output_tokens"] is not None for r in rows)
+def format_table(rows: list[PlanRow], swept: list[str]) -> str:
+    labels = [r.config.label(swept) for r in rows]
+    priced = any(r.usd_per_m_output_tokens is not None for r in rows)
     width = max([len("configuration"), *map(len, labels)])
     head = f"{'#':>3}  {'configuration':<{width}}  {'max rate':>9}  {'tok/s/replica':>13}  {'tok/s/user':>10}"
     lines = [head + (f"  {'$/M out tok':>11}" if priced else "")]
     for i, (row, label) in enumerate(zip(rows, labels), 1):
-        rate = (">=" if row["capped"] else "") + f"{row['max_rate']:.3f}"
-        user = "n/a" if row["user_tok_s"] is None else f"{row['user_tok_s']:.1f}"
-        line = (f"{i:>3}  {label:<{width}}  {rate:>9}  {row['output_tok_s_per_replica']:>13.1f}  {user:>10}")
+        rate = (">=" if row.capped else "") + f"{row.max_rate:.3f}"
+        user = "n/a" if row.user_tok_s is None else f"{row.user_tok_s:.1f}"
+        line = (f"{i:>3}  {label:<{width}}  {rate:>9}  {row.output_tok_s_per_replica:>13.1f}  {user:>10}")
         if priced:
-            cost = row["usd_per_m_output_tokens"]
+            cost = row.usd_per_m_output_tokens
             line += f"  {'n/a' if cost is None else f'{cost:.3f}':>11}"
-        if row["same_as"]:
-            line += f"  (same results as #{row['same_as']})"
-        if row["note"]:
-            line += f"  ({row['note']})"
-        lines.append(line + _interval(row.get("max_rate_interval")))
+        if row.same_as:
+            line += f"  (same results as #{row.same_as})"
+        if row.note:
+            line += f"  ({row.note})"
+        lines.append(line + _interval(row.max_rate_interval))
     lines.append("max rate: requests/s within every SLO; tok/s/replica: output tokens/s per replica at that rate; "
                  "tok/s/user: 1 / median TPOT there")
     lines.append(RANKING[priced])
@@ -81,12 +104,12 @@ def _interval(iv: dict[str, Any] | None) -> str:
             f"over {len(iv['samples'])} sampled runs")
 
 
-def rejection_lines(rows: list[dict[str, Any]], labels: list[str]) -> list[str]:
+def rejection_lines(rows: list[PlanRow], labels: list[str]) -> list[str]:
     """Requests the configurations refused at admission, by reason: once when every configuration
     refused the same ones, else per configuration."""
     from traces.summary import format_rejections
 
-    found = [(label, r.get("rejected") or {}) for r, label in zip(rows, labels)]
+    found = [(label, r.rejected) for r, label in zip(rows, labels)]
     if not any(counts for _, counts in found):
         return []
     if all(counts == found[0][1] for _, counts in found):
@@ -94,21 +117,21 @@ def rejection_lines(rows: list[dict[str, Any]], labels: list[str]) -> list[str]:
     return [f"{label}: {line}" for label, counts in found for line in format_rejections(counts)]
 
 
-def recommend(rows: list[dict[str, Any]], offered_rate: float, swept: list[str]) -> str:
+def recommend(rows: list[PlanRow], offered_rate: float, swept: list[str]) -> str:
     """One line: the cheapest configuration (per hour) that meets every SLO at the workload's own rate, or
     with no prices the one with the highest max rate per replica among those that meet it."""
-    meeting = [r for r in rows if r["max_rate"] >= offered_rate and r["max_rate"] > 0]
+    meeting = [r for r in rows if r.max_rate >= offered_rate and r.max_rate > 0]
     if not meeting:
-        best = max(rows, key=lambda r: r["max_rate"], default=None)
-        tail = "" if best is None else (f"; the highest max rate is {best['max_rate']:.3f} req/s "
-                                         f"({best['config'].label(swept)})")
+        best = max(rows, key=lambda r: r.max_rate, default=None)
+        tail = "" if best is None else (f"; the highest max rate is {best.max_rate:.3f} req/s "
+                                         f"({best.config.label(swept)})")
         return f"recommendation: none meets every SLO at the offered {offered_rate:.3f} req/s{tail}"
-    if any(r["usd_per_hour"] is not None for r in meeting):
-        pick = min((r for r in meeting if r["usd_per_hour"] is not None),
-                   key=lambda r: (r["usd_per_hour"], -r["max_rate"]))
-        why = f"cheapest that meets every SLO at the offered {offered_rate:.3f} req/s (${pick['usd_per_hour']:.2f}/h)"
+    if any(r.usd_per_hour is not None for r in meeting):
+        pick = min((r for r in meeting if r.usd_per_hour is not None),
+                   key=lambda r: (r.usd_per_hour, -r.max_rate))
+        why = f"cheapest that meets every SLO at the offered {offered_rate:.3f} req/s (${pick.usd_per_hour:.2f}/h)"
     else:
-        pick = max(meeting, key=lambda r: (r["max_rate"] / r["config"].replicas, -r["config"].replicas))
+        pick = max(meeting, key=lambda r: (r.max_rate / r.config.replicas, -r.config.replicas))
         why = f"highest max rate per replica among those meeting every SLO at the offered {offered_rate:.3f} req/s"
-    headroom = pick["max_rate"] / offered_rate
-    return f"recommendation: {pick['config'].label(swept)} — {why}; headroom {headroom:.1f}x"
+    headroom = pick.max_rate / offered_rate
+    return f"recommendation: {pick.config.label(swept)} — {why}; headroom {headroom:.1f}x"
