@@ -1,5 +1,6 @@
 """Cost of tracing in the engine's hot loop: the same requests with tracing off and on, alternating,
-median over repeats. Prints mean step time for each and `ratio: on / off` (aim: <= 1.03).
+median over repeats. Prints mean step time for each, `ratio: on / off`, and the recorder's own time per
+step (its on_add, on_step and on_abort calls, timed around them in the traced runs).
 
     python bench/tracing_overhead.py [--repeats 5] [--num-seqs 32] [--threads 1]
 """
@@ -15,7 +16,32 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
-def one_run(traced: bool, args, prompts) -> float:
+class TimedRecorder:
+    """Stands in for the step cycle's recorder and adds up the time spent in it."""
+
+    def __init__(self, recorder) -> None:
+        self.recorder = recorder
+        self.seconds = 0.0
+
+    def _timed(self, fn, *args):
+        t = time.perf_counter()
+        try:
+            return fn(*args)
+        finally:
+            self.seconds += time.perf_counter() - t
+
+    def on_add(self, request):
+        return self._timed(self.recorder.on_add, request)
+
+    def on_step(self, so, outputs, times):
+        return self._timed(self.recorder.on_step, so, outputs, times)
+
+    def on_abort(self, freed):
+        return self._timed(self.recorder.on_abort, freed)
+
+
+def one_run(traced: bool, args, prompts) -> tuple[float, float]:
+    """(seconds per step, seconds per step inside the recorder)."""
     from engine import LLM, SamplingParams
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -24,11 +50,17 @@ def one_run(traced: bool, args, prompts) -> float:
         params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True)
         core = llm.llm_engine.engine_core.engine_core
         llm.generate(prompts[:2], SamplingParams(max_tokens=4), use_tqdm=False)
+        timed = None
+        if traced:
+            core.cycle.recorder = timed = TimedRecorder(core.cycle.recorder)
         steps0, t = core.num_steps, time.perf_counter()
         llm.generate(prompts, params, use_tqdm=False)
-        per_step = (time.perf_counter() - t) / (core.num_steps - steps0)
+        steps = core.num_steps - steps0
+        per_step = (time.perf_counter() - t) / steps
+        if timed is not None:
+            core.cycle.recorder = timed.recorder
         llm.shutdown()
-    return per_step
+    return per_step, (timed.seconds / steps if timed is not None else 0.0)
 
 
 def main() -> None:
@@ -40,13 +72,16 @@ def main() -> None:
     args = p.parse_args()
     prompts = [{"prompt_token_ids": [5 + (i * 7 + j) % 4000 for j in range(32 + (i * 37) % 160)]}
                for i in range(args.num_seqs)]
-    off, on = [], []
+    off, on, recorder = [], [], []
     for _ in range(args.repeats):
-        off.append(one_run(False, args, prompts))
-        on.append(one_run(True, args, prompts))
+        off.append(one_run(False, args, prompts)[0])
+        step, inside = one_run(True, args, prompts)
+        on.append(step)
+        recorder.append(inside)
     off_ms, on_ms = statistics.median(off) * 1e3, statistics.median(on) * 1e3
     print(f"tracing off: {off_ms:.3f} ms/step")
     print(f"tracing on: {on_ms:.3f} ms/step")
+    print(f"recorder: {statistics.median(recorder) * 1e6:.1f} us/step")
     print(f"ratio: {on_ms / off_ms:.3f}")
 
 
