@@ -126,6 +126,12 @@ class StepCycle:
         outputs = [EngineCoreOutput(rid, [], "error", message, freed_block_ids=blocks) for rid, blocks in freed.items()]
         return EngineCoreOutputs(outputs, scheduler.make_stats())
 
+    def did_nothing(self, so: SchedulerOutput, outputs: EngineCoreOutputs) -> bool:
+        """The step scheduled no token, preempted nobody and produced no output, and nobody runs: until
+        a request arrives or ends from outside the next step would be the same (the simulators' stall)."""
+        return not (so.total_num_scheduled_tokens or so.preempted_req_ids or outputs.outputs
+                    or self.scheduler.running)
+
     def may_schedule_ahead(self, so: SchedulerOutput) -> bool:
         """vLLM's batch queue: after launching `so`, schedule the next step before finishing the oldest
         while the queue has room and `so` did something or more work waits."""

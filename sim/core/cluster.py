@@ -209,16 +209,14 @@ class Replica:
         so, outputs = self.cycle.finish()
         self.cluster.num_steps += 1
         self.num_steps += 1
-        forget, finished, watch = self.runner.forget, False, self.cluster.watch
+        forget, watch = self.runner.forget, self.cluster.watch
         for out in outputs.outputs:
             if out.finish_reason is not None:
                 forget(out.request_id)
-                finished = True
                 req = self.live.pop(out.request_id, None)  # a rejected request was watched when added
                 if watch is not None and req is not None and watch.ended(req):
                     self.cluster.stopped = True
-        if not finished and not (so.total_num_scheduled_tokens or self.scheduler.running or outputs.outputs
-                                 or so.preempted_req_ids or self.cycle.in_flight):
+        if self.cycle.did_nothing(so, outputs) and not self.cycle.in_flight:
             self.stalled = True
 
 

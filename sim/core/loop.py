@@ -235,7 +235,7 @@ class Simulator:
             # schedule() hands them on): no walk over every output to find the few that ended.
             if sched.finished_req_ids:
                 self._forget(sched.finished_req_ids, bar)
-            if not (so.total_num_scheduled_tokens or sched.running or outputs.outputs or so.preempted_req_ids):
+            if cycle.did_nothing(so, outputs):
                 self._stalled(nxt, step_start is not None and step_start(step) is not None)
 
     def _loop_async(self, stream: Iterator[SimRequest], external: dict[int, list[tuple[str, str]]],
@@ -245,7 +245,7 @@ class Simulator:
         hides it), runs on the device when that one ends, and its outputs apply at its own end. A recorded
         replay schedules each step no earlier than it was recorded, so the same arrivals are in before it;
         external finishes apply after the step they followed."""
-        cycle, sched, cost, recorder = self.cycle, self.scheduler, self.cost_model, self.cycle_recorder
+        cycle, cost, recorder = self.cycle, self.cost_model, self.cycle_recorder
         step_start = self.step_start
         add = self.add_request
         ends: deque[float] = deque()
@@ -280,12 +280,12 @@ class Simulator:
                 continue
             self.now = max(self.now, ends.popleft())
             so, outputs = cycle.finish()
-            if not self._finished(outputs, bar) and cycle.has_work() and not (so.total_num_scheduled_tokens or sched.running or outputs.outputs
-                                           or so.preempted_req_ids):
+            self._finished(outputs, bar)
+            if cycle.has_work() and cycle.did_nothing(so, outputs):
                 self._stalled(nxt, False)
 
-    def _finished(self, outputs: EngineCoreOutputs, bar: Any) -> int:
-        """Let the fake runner forget the requests that ended in this step; returns how many ended."""
+    def _finished(self, outputs: EngineCoreOutputs, bar: Any) -> None:
+        """Let the fake runner forget the requests that ended in this step."""
         done = 0
         for out in outputs.outputs:
             if out.finish_reason is not None:
@@ -293,7 +293,6 @@ class Simulator:
                 done += 1
         if done:
             bar.update(done)
-        return done
 
     def _forget(self, request_ids: set[str], bar: Any) -> None:
         for rid in request_ids:
