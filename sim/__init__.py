@@ -1,5 +1,7 @@
 """stepscope sim (torch-free): a discrete-event simulator on the engine's own scheduler.
 
-`sim.loop.Simulator` runs it, `sim.core.sources` feeds it (workload files, engine traces), `sim.cost_models`
-prices steps, `sim.fidelity.compare` measures fidelity, `sim.cli` is the `sim` command. Nothing is imported here.
+Its packages, each importing only those before it: `sim.cost_models` (what a step costs), `sim.core` (the
+loop, `sim.core.loop.Simulator`, and the cluster, fed by `sim.core.sources`), `sim.report` (what a replay
+prints and draws), `sim.calibration` (laws fitted to traces), `sim.fidelity` (`sim compare` and real runs
+brought in), `sim.plan` (`sim plan`); `sim.cli` is the `sim` command. Nothing is imported here.
 """

@@ -180,7 +180,7 @@ class Replica:
         return now + launch(cycle, cluster.cost_model, self.num_steps, self.cycle_recorder)[1].total
 
     def _launch(self, now: float) -> float | None:
-        """Async scheduling, in the order of `sim.loop.Simulator._loop_async` (vLLM's batch queue): schedule
+        """Async scheduling, in the order of `sim.core.loop.Simulator._loop_async` (vLLM's batch queue): schedule
         while the queue has room and there is work, each step running on the device once the one before it
         ends; returns when the oldest step in flight ends (None: idle)."""
         cycle = self.cycle
