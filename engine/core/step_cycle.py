@@ -126,6 +126,11 @@ class StepCycle:
         outputs = [EngineCoreOutput(rid, [], "error", message, freed_block_ids=blocks) for rid, blocks in freed.items()]
         return EngineCoreOutputs(outputs, scheduler.make_stats())
 
+    def count_decode_run(self, num_steps: int) -> None:
+        """Steps a decode run (engine.core.decode_run) applied to the scheduler without this cycle count as
+        its steps all the same."""
+        self.num_steps += num_steps
+
     def did_nothing(self, so: SchedulerOutput, outputs: EngineCoreOutputs) -> bool:
         """The step scheduled no token, preempted nobody and produced no output, and nobody runs: until
         a request arrives or ends from outside the next step would be the same (the simulators' stall)."""

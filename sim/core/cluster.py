@@ -174,7 +174,7 @@ class Replica:
             if done:
                 self.in_run = True
                 self.num_steps += done
-                cycle.num_steps += done
+                cycle.count_decode_run(done)
                 cluster.num_steps += done
                 return end
         return now + launch(cycle, cluster.cost_model, self.num_steps, self.cycle_recorder)[1].total

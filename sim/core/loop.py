@@ -226,7 +226,7 @@ class Simulator:
                 done, self.now = runs.advance(start, step, None if nxt is None else nxt.add_time, most)
                 if done:
                     step += done
-                    cycle.num_steps += done
+                    cycle.count_decode_run(done)
                     continue
             self.now = start + launch(cycle, cost, step, recorder)[1].total
             so, outputs = cycle.finish()
