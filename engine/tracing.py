@@ -217,7 +217,7 @@ class EngineTrace:
         self._live: dict[str, Request] = {}
         spans_path = None
         if trace_dir is not None:  # the writer claims the directory first: an existing trace is never touched
-            self.writer = TraceWriter(trace_dir, meta, overwrite=overwrite)
+            self.writer = TraceWriter(trace_dir, meta, overwrite=overwrite, write_behind=True)
             spans_path = Path(trace_dir) / SPANS_FILE
         self.spans = EngineSpans(make_tracer_provider(spans_path, otlp_endpoint), model_name)
         if self.writer is not None:

@@ -1,6 +1,7 @@
 """Streaming trace writer: rows are buffered as columns and handed to the OS every `flush_every` steps
 (every step for the engine), steps table last, so a run killed at any moment leaves every flushed step
-readable; `close()` compacts the streams to Parquet.
+readable; `close()` compacts the streams to Parquet. With `write_behind` (the engine's), a step only hands
+its rows over: a writer thread encodes and writes them while the next step runs.
 
 Two stream forms: JSON lines (`<table>.jsonl`, the engine's: one step at a time, readable with `tail`)
 and Arrow IPC (`<table>.arrows`, batched writers such as the simulator: a record batch per table per
@@ -8,6 +9,8 @@ flush, no JSON printed per row nor parsed at compaction)."""
 from __future__ import annotations
 
 import json
+import queue
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
@@ -51,7 +54,7 @@ class TraceWriter:
 
     def __init__(self, path: str | Path, meta: dict[str, Any], flush_every: int = 1,
                  extra_int_columns: tuple[str, ...] = (), stream_format: str | None = None,
-                 overwrite: bool = False) -> None:
+                 overwrite: bool = False, write_behind: bool = False) -> None:
         """Claims `path` (see traces.trace_dir): a directory holding a trace is refused unless `overwrite`,
         and one another writer holds is refused always."""
         self.stream_format = stream_format or ("arrow" if flush_every > 1 else "jsonl")
@@ -86,6 +89,12 @@ class TraceWriter:
         self.extra_int_columns = extra_int_columns
         self._steps_since_flush = 0
         self.closed = False
+        # Write-behind: rows handed over per flush, in order; a bounded queue, so a disk that falls behind
+        # slows the steps down instead of filling memory. A write error waits here for the next flush.
+        self._handed: queue.Queue[list[tuple]] | None = queue.Queue(maxsize=64) if write_behind else None
+        self._thread: threading.Thread | None = None
+        self._failure: BaseException | None = None  # raised once, at the next flush or close
+        self._failed = False  # the writer thread writes nothing more
 
     def _write_meta(self) -> None:
         with self._writing(META_FILE), replaced_when_done(self.path / META_FILE) as tmp:
@@ -150,8 +159,32 @@ class TraceWriter:
             self.drain()
 
     def drain(self) -> None:
-        """Write out every buffered row now, the steps table last (a step's row marks it complete)."""
+        """Write out every buffered row now, the steps table last (a step's row marks it complete); with
+        write-behind, hand them to the writer thread."""
         self._steps_since_flush = 0
+        if self._handed is None:
+            for table, cols, spec, runs in self._pending():
+                self._write(table, cols, spec, runs)
+                for values in cols.values():
+                    values.clear()
+            return
+        self._raise_failure()
+        handed = []
+        for table, cols, spec, runs in self._pending():
+            # Copies: the recorder goes on appending to the buffers' own lists while the thread writes.
+            handed.append((table, {c: v[:] for c, v in cols.items()}, spec, runs[:] if runs else None))
+            for values in cols.values():
+                values.clear()
+            if runs:
+                runs.clear()
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._write_behind, name="trace-writer", daemon=True)
+            self._thread.start()
+        self._handed.put(handed)
+
+    def _pending(self) -> Iterator[tuple[str, dict[str, list[Any]], Any, list[tuple] | None]]:
+        """(table, columns, run spec, runs) of every table with rows to write, steps last, each table's
+        row tuples folded into its columns and its columns padded to one length."""
         for table in sorted(self._buf, key=lambda t: t == "steps"):
             cols = self._buf[table]
             rows = self._rows.get(table)
@@ -166,24 +199,52 @@ class TraceWriter:
             for values in cols.values():
                 if len(values) < n:
                     values.extend([None] * (n - len(values)))
-            if self._files:
-                keys = self.columns[table]
-                f = self._files[table]
-                with self._writing(stream_file(table)):
-                    f.write(b"\n".join([_dumps(dict(zip(keys, row))) for row in zip(*cols.values())]) + b"\n")
-                    f.flush()
-            else:
-                sink, stream, schema = self._streams[table]
-                batch = to_batch(cols, schema) if n else None
-                if runs:
-                    batch = merge_runs(batch, spec.batch(runs, schema), [r[0] for r in runs],
-                                       [r[1] for r in runs])
-                    runs.clear()
-                with self._writing(arrow_stream_file(table)):
-                    stream.write_batch(batch)
-                    sink.flush()
-            for values in cols.values():
-                values.clear()
+            yield table, cols, spec, runs
+
+    def _write(self, table: str, cols: dict[str, list[Any]], spec: Any, runs: list[tuple] | None) -> None:
+        """One table's rows (and row runs) to its stream."""
+        if self._files:
+            keys = self.columns[table]
+            f = self._files[table]
+            with self._writing(stream_file(table)):
+                f.write(b"\n".join([_dumps(dict(zip(keys, row))) for row in zip(*cols.values())]) + b"\n")
+                f.flush()
+            return
+        sink, stream, schema = self._streams[table]
+        batch = to_batch(cols, schema) if max(map(len, cols.values())) else None
+        if runs:
+            batch = merge_runs(batch, spec.batch(runs, schema), [r[0] for r in runs], [r[1] for r in runs])
+            runs.clear()
+        with self._writing(arrow_stream_file(table)):
+            stream.write_batch(batch)
+            sink.flush()
+
+    def _write_behind(self) -> None:
+        """The writer thread: what each flush handed over, in order, until close hands it None. After a
+        failure it writes nothing more (the trace ends at the last step written whole)."""
+        while (handed := self._handed.get()) is not None:
+            if self._failed:
+                continue
+            try:
+                for table, cols, spec, runs in handed:
+                    self._write(table, cols, spec, runs)
+            except Exception as e:
+                self._failed = True
+                if not self.closed or isinstance(e, TraceWriteError):  # not a stream closed under it
+                    self._failure = e
+
+    def _raise_failure(self) -> None:
+        failure, self._failure = self._failure, None
+        if failure is not None:
+            raise failure
+
+    def _join_writer(self) -> None:
+        """Wait until the writer thread has written everything handed to it, then raise its failure."""
+        if self._thread is not None:
+            self._handed.put(None)
+            self._thread.join()
+            self._thread = None
+        self._raise_failure()
 
     def update_meta(self, **fields: Any) -> None:
         self.meta.update(fields)
@@ -192,8 +253,11 @@ class TraceWriter:
     def close(self, compact: bool = True, **final_meta: Any) -> None:
         """Finish the trace: close streams, compact them to Parquet, mark meta complete."""
         if self.closed:
+            self._raise_failure()
             return
         self.drain()
+        if self._handed is not None:
+            self._join_writer()
         try:
             with self._writing("the streams"):
                 for f in self._files.values():
@@ -216,9 +280,8 @@ class TraceWriter:
 
     def _compact_arrow(self) -> None:
         """Arrow streams -> Parquet: a copy of the batches, nothing to parse. Two tables at a time, the
-        largest first: Arrow reads and Parquet encodes without the GIL, so a second core takes a third
-        off the wait (the Azure replay's 0.9 GB of streams: 2.5 -> 1.7 s; its decisions are half of it),
-        for a second row group in memory (that replay's peak RSS: about 380 -> 470 MB)."""
+        largest first: Arrow reads and Parquet encodes without the GIL, so a second core shortens the
+        wait, for a second row group in memory."""
         from concurrent.futures import ThreadPoolExecutor
 
         streams = {table: self.path / arrow_stream_file(table) for table in TABLES}
