@@ -7,7 +7,7 @@ import pytest
 
 from sim.plan import command as plan_mod
 from sim.cli import main
-from sim.plan.command import PlanConfig, PlanSpec, evaluate_config, format_table, rank, recommend, run_at_rate, search_max_rate, slo_check
+from sim.plan.command import ConfigResult, PlanConfig, PlanSpec, evaluate_config, format_table, rank, recommend, run_at_rate, search_max_rate, slo_check
 from sim.plan.plots import pareto_front
 from sim.report.summary import parse_slo
 from sim.plan.sweep import parse_price, parse_sweep
@@ -29,8 +29,8 @@ def _table(capsys, argv: list[str]) -> str:
 def test_rate_search_brackets_the_slo_boundary_within_the_tolerance():
     spec = PlanSpec(workload=BURSTY, slo=SLO, rate_tol=0.1, max_requests=60)
     result = evaluate_config(spec, CONFIG)
-    rate, slos = result["max_rate"], parse_slo(SLO)
-    assert rate > 0 and not result["capped"]
+    rate, slos = result.max_rate, parse_slo(SLO)
+    assert rate > 0 and not result.capped
     for r, verdict in ((rate, True), (rate * 1.1, False)):
         assert slo_check(run_at_rate(spec, CONFIG, r), slos, 60, r, spec.min_served_ratio)["meets"] is verdict
 
@@ -65,7 +65,7 @@ def test_async_scheduling_is_a_plan_axis_that_changes_the_result_and_leaves_old_
 
 
 def test_cost_per_million_output_tokens_counts_every_replica():
-    rows = rank([(dataclasses.replace(CONFIG, replicas=2), {"max_rate": 1.0, "mean_output_tokens": 100.0, "attainment": 1.0})],
+    rows = rank([(dataclasses.replace(CONFIG, replicas=2), ConfigResult(max_rate=1.0, mean_output_tokens=100.0, attainment=1.0))],
                 {"h100": 3.6})
     # 2 GPUs x $3.6/h for 1 req/s x 100 tokens x 3600 s = 0.36 M tokens per hour.
     assert rows[0].usd_per_m_output_tokens == pytest.approx(20.0)
@@ -128,9 +128,9 @@ def test_resume_runs_only_the_missing_configurations(tmp_path, capsys, monkeypat
     assert resumed.split("\n")[:-1] == expected.split("\n")[:-1]  # the last line says where results came from
 
 
-def _result(rate: float, user_tok_s: float = 50.0) -> dict:
-    return {"max_rate": rate, "mean_output_tokens": 100.0, "attainment": 1.0, "user_tok_s": user_tok_s,
-            "slo_measured": {"ttft_p99<=500ms": 0.4}, "points": [{"rate": rate}]}
+def _result(rate: float, user_tok_s: float = 50.0) -> ConfigResult:
+    return ConfigResult(max_rate=rate, mean_output_tokens=100.0, attainment=1.0, user_tok_s=user_tok_s,
+                        slo_measured={"ttft_p99<=500ms": 0.4}, points=[{"rate": rate}])
 
 
 def test_recommendation_is_the_cheapest_configuration_meeting_the_offered_rate():
@@ -170,3 +170,16 @@ def test_table_says_how_rows_are_ranked_and_shows_cost_only_when_priced():
 def test_pareto_front_keeps_only_undominated_points():
     points = [(10.0, 100.0), (20.0, 80.0), (15.0, 70.0), (30.0, 40.0), (5.0, 90.0)]
     assert pareto_front(points) == [0, 1, 3]
+
+
+def test_a_results_file_from_an_older_version_still_resumes(tmp_path):
+    from sim.plan.sweep import append_result, load_results
+
+    path = tmp_path / "results.jsonl"
+    old = {"max_rate": 2.5, "capped": False, "attainment": 1.0, "mean_output_tokens": 80.0, "points": [{"rate": 2.5}],
+           "a_field_from_elsewhere": 1}
+    path.write_text(json.dumps({"plan": "p", "key": CONFIG.key, "config": CONFIG.to_dict(), "result": old}) + "\n")
+    (result,) = load_results(path, "p").values()
+    assert (result.max_rate, result.mean_output_tokens, result.rejected, result.note) == (2.5, 80.0, {}, None)
+    append_result(path, "p", CONFIG, result)
+    assert list(load_results(path, "p").values()) == [result]

@@ -12,12 +12,12 @@ from typing import Any
 from sim.flags import OneLineParser, add_engine_flags, config_error, sim_flags
 from sim.cost_models.hardware import HARDWARE
 from sim.plan.config import DEFAULT_HARDWARE, DEFAULT_MODEL, DEFAULT_ROUTER, PlanConfig
-from sim.plan.search import (PlanSpec, base_rate, base_requests, evaluate_config, run_at_rate, search_max_rate,
+from sim.plan.search import (ConfigResult, PlanSpec, base_rate, base_requests, evaluate_config, run_at_rate, search_max_rate,
                              slo_check)
 from sim.plan.table import format_table, rank, recommend
 from sim.report.summary import parse_slo
 
-__all__ = ["PlanConfig", "PlanSpec", "base_rate", "base_requests", "evaluate_config", "format_table", "main_plan", "rank",
+__all__ = ["ConfigResult", "PlanConfig", "PlanSpec", "base_rate", "base_requests", "evaluate_config", "format_table", "main_plan", "rank",
            "recommend", "run_at_rate", "search_max_rate", "slo_check"]
 
 
@@ -124,7 +124,7 @@ def plan(args: Any) -> int:
     bar = tqdm(total=len(configs), initial=len(results), desc="plan", unit="config", disable=args.no_progress,
                dynamic_ncols=True)
 
-    def on_done(config: PlanConfig, result: dict[str, Any]) -> None:
+    def on_done(config: PlanConfig, result: ConfigResult) -> None:
         results[config.key] = result
         if args.results:
             append_result(args.results, plan_id, config, result)

@@ -6,13 +6,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from sim.plan.search import ConfigResult
 from sim.plan.table import PlanRow
 from sim.report.summary import SLO
 
 MAX_CURVES = 12
 
 
-def write_plan_plots(rows: list[PlanRow], results: dict[str, dict[str, Any]], slos: list[SLO],
+def write_plan_plots(rows: list[PlanRow], results: dict[str, ConfigResult], slos: list[SLO],
                      swept: list[str], out_dir: str | Path, title: str = "") -> list[Path]:
     """latency_vs_rate.png (one panel per SLO, the top-ranked configurations), cost_frontier.png and
     pareto.png; `title` (workload, model, hardware, cost model) heads each figure."""
@@ -27,7 +28,7 @@ def write_plan_plots(rows: list[PlanRow], results: dict[str, dict[str, Any]], sl
     fig, axes = plt.subplots(1, len(slos), figsize=(6 * len(slos), 4), squeeze=False)
     for ax, slo in zip(axes[0], slos):
         for row in rows[:MAX_CURVES]:
-            points = [p for p in results[row.config.key].get("points", []) if slo.label in p]
+            points = [p for p in results[row.config.key].points if slo.label in p]
             if points:
                 ax.plot([p["rate"] for p in points], [min(p[slo.label], 1e6) * 1e3 for p in points], marker=".",
                         label=row.config.label(swept))

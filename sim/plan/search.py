@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, fields
 from functools import lru_cache
 from typing import Any
 from collections.abc import Callable, Iterable
@@ -254,7 +254,35 @@ def run_at_rate(spec: PlanSpec, config: PlanConfig, rate: float, trace_dir: str 
     return cluster.run(stream, watch).requests
 
 
-def evaluate_config(spec: PlanSpec, config: PlanConfig) -> dict[str, Any]:
+@dataclass(slots=True, kw_only=True)
+class ConfigResult:
+    """One configuration's answer: its max rate within the SLOs and what was measured there, and every
+    simulated point (a dict per rate, the SLO labels among its keys, for the plots). Plain data: it comes
+    back from worker processes and Ray tasks, and a results file keeps it as JSON (`to_json`)."""
+
+    max_rate: float
+    capped: bool = False
+    max_rate_interval: dict[str, Any] | None = None
+    attainment: float = 0.0
+    mean_output_tokens: float = 0.0
+    prefix_hit_rate: float = 0.0
+    user_tok_s: float | None = None
+    slo_measured: dict[str, float | None] = field(default_factory=dict)
+    rejected: dict[str, int] = field(default_factory=dict)
+    points: list[dict[str, Any]] = field(default_factory=list)
+    note: str | None = None  # why the configuration could not run at all
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ConfigResult:
+        """From a results file's `result`, written by this or an older version (fields it lacks default)."""
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+def evaluate_config(spec: PlanSpec, config: PlanConfig) -> ConfigResult:
     """Max rate within the SLOs for one configuration, with every simulated point (for plots)."""
     from sim.core.loop import SimulationError
     from traces.summary import rejections
@@ -282,19 +310,18 @@ def evaluate_config(spec: PlanSpec, config: PlanConfig) -> dict[str, Any]:
     try:
         build_cluster_parts(config)
     except ValueError as e:
-        return {"max_rate": 0.0, "capped": False, "note": str(e), "points": []}
+        return ConfigResult(max_rate=0.0, note=str(e))
     rate, capped = search_max_rate(meets, base_rate(reqs), spec.rate_tol, spec.max_doublings)
     best = points.get(rate, {})
     spread = sampled_max_rates(spec, config, rate, slos, len(reqs)) if spec.samples and rate > 0 else None
-    return {"max_rate": rate, "capped": capped, "max_rate_interval": spread, "attainment": best.get("attainment", 0.0),
-            "mean_output_tokens": best.get("mean_output_tokens", 0.0),
-            "prefix_hit_rate": best.get("prefix_hit_rate", 0.0),
-            "user_tok_s": 1.0 / best["tpot_p50"] if best.get("tpot_p50") else None,
-            "slo_measured": {s.label: best.get(s.label) for s in slos},
-            # Admission does not depend on the rate; a run stopped early by the SLO watch may see fewer.
-            "rejected": max((p.get("rejected") or {} for p in points.values()), key=lambda r: sum(r.values()),
-                            default={}),
-            "points": [points[r] for r in sorted(points)]}
+    return ConfigResult(
+        max_rate=rate, capped=capped, max_rate_interval=spread, attainment=best.get("attainment", 0.0),
+        mean_output_tokens=best.get("mean_output_tokens", 0.0), prefix_hit_rate=best.get("prefix_hit_rate", 0.0),
+        user_tok_s=1.0 / best["tpot_p50"] if best.get("tpot_p50") else None,
+        slo_measured={s.label: best.get(s.label) for s in slos},
+        # Admission does not depend on the rate; a run stopped early by the SLO watch may see fewer.
+        rejected=max((p.get("rejected") or {} for p in points.values()), key=lambda r: sum(r.values()), default={}),
+        points=[points[r] for r in sorted(points)])
 
 
 def sampled_max_rates(spec: PlanSpec, config: PlanConfig, nominal: float, slos: list[SLO],

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from sim.plan.config import SWEEP_KEYS, PlanConfig, field_type
+from sim.plan.search import ConfigResult
 
 _BOOLS = {"true": True, "on": True, "1": True, "yes": True, "false": False, "off": False, "0": False, "no": False}
 
@@ -100,11 +101,11 @@ def validate_config(config: PlanConfig) -> None:
     config.cache_config(num_gpu_blocks=2)
 
 
-def load_results(path: str | Path, plan_id: str) -> dict[str, dict[str, Any]]:
+def load_results(path: str | Path, plan_id: str) -> dict[str, ConfigResult]:
     """config key -> result of the configurations this plan already finished; lines of another plan and a
     torn last line (a sweep killed mid-write) are skipped."""
     p = Path(path)
-    done: dict[str, dict[str, Any]] = {}
+    done: dict[str, ConfigResult] = {}
     if not p.is_file():
         return done
     for line in p.read_text(encoding="utf-8").splitlines():
@@ -112,15 +113,16 @@ def load_results(path: str | Path, plan_id: str) -> dict[str, dict[str, Any]]:
             row = json.loads(line)
         except json.JSONDecodeError:
             continue
-        if isinstance(row, dict) and row.get("plan") == plan_id and "key" in row and "result" in row:
-            done[row["key"]] = row["result"]
+        if (isinstance(row, dict) and row.get("plan") == plan_id and "key" in row
+                and isinstance(row.get("result"), dict)):
+            done[row["key"]] = ConfigResult.from_json(row["result"])
     return done
 
 
-def append_result(path: str | Path, plan_id: str, config: PlanConfig, result: dict[str, Any]) -> None:
+def append_result(path: str | Path, plan_id: str, config: PlanConfig, result: ConfigResult) -> None:
     """One JSON line per finished configuration, flushed at once (after a newline if a killed sweep left
     a torn last line)."""
-    line = json.dumps({"plan": plan_id, "key": config.key, "config": config.to_dict(), "result": result}) + "\n"
+    line = json.dumps({"plan": plan_id, "key": config.key, "config": config.to_dict(), "result": result.to_json()}) + "\n"
     with open(path, "a+b") as f:
         if f.tell():
             f.seek(-1, 2)
@@ -130,8 +132,8 @@ def append_result(path: str | Path, plan_id: str, config: PlanConfig, result: di
         f.flush()
 
 
-Task = Callable[[Any, PlanConfig], dict[str, Any]]
-Done = Callable[[PlanConfig, dict[str, Any]], None]
+Task = Callable[[Any, PlanConfig], ConfigResult]
+Done = Callable[[PlanConfig, ConfigResult], None]
 
 
 def run_local(fn: Task, spec: Any, configs: list[PlanConfig], jobs: int, on_done: Done) -> None:

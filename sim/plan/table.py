@@ -7,6 +7,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from sim.plan.config import PlanConfig
+from sim.plan.search import ConfigResult
 
 RANKING = {True: "ranked by $ per million output tokens at each configuration's max rate (cheapest first), "
                  "then by max rate per replica",
@@ -35,22 +36,20 @@ class PlanRow:
         return {**{f.name: getattr(self, f.name) for f in fields(self)}, "config": self.config.to_dict()}
 
 
-def rank(results: list[tuple[PlanConfig, dict[str, Any]]], prices: dict[str, float]) -> list[PlanRow]:
+def rank(results: list[tuple[PlanConfig, ConfigResult]], prices: dict[str, float]) -> list[PlanRow]:
     """Rows sorted cheapest first (unpriced after priced, then by rate per replica); cost per million
     output tokens = price/GPU-h x GPUs (replicas x tensor parallel size) / (rate x mean output tokens x 3600 s)
     x 1e6."""
     rows, fingerprints = [], {}
     for config, res in results:
-        rate = res["max_rate"]
-        tok_s = rate * res.get("mean_output_tokens", 0.0)
+        rate = res.max_rate
+        tok_s = rate * res.mean_output_tokens
         price = prices.get(str(config.hardware).lower())
         cost = price * config.num_gpus / (tok_s * 3600) * 1e6 if price is not None and tok_s > 0 else None
-        row = PlanRow(config=config, max_rate=rate, capped=res.get("capped", False),
-                      goodput_req_s=rate * res.get("attainment", 0.0), output_tok_s=tok_s,
-                      output_tok_s_per_replica=tok_s / config.replicas, user_tok_s=res.get("user_tok_s"),
+        row = PlanRow(config=config, max_rate=rate, capped=res.capped, goodput_req_s=rate * res.attainment,
+                      output_tok_s=tok_s, output_tok_s_per_replica=tok_s / config.replicas, user_tok_s=res.user_tok_s,
                       usd_per_hour=None if price is None else price * config.num_gpus, usd_per_m_output_tokens=cost,
-                      note=res.get("note"), rejected=res.get("rejected") or {},
-                      max_rate_interval=res.get("max_rate_interval"))
+                      note=res.note, rejected=res.rejected, max_rate_interval=res.max_rate_interval)
         rows.append(row)
         fingerprints[id(row)] = _fingerprint(res)
     rows.sort(key=lambda r: (r.usd_per_m_output_tokens is None, r.usd_per_m_output_tokens or 0.0,
@@ -64,13 +63,13 @@ def rank(results: list[tuple[PlanConfig, dict[str, Any]]], prices: dict[str, flo
     return rows
 
 
-def _fingerprint(res: dict[str, Any]) -> str | None:
+def _fingerprint(res: ConfigResult) -> str | None:
     """Configurations with the same answer: the same max rate and the same measurements there (e.g. a
     max_num_seqs above what the load ever reaches at that rate)."""
-    if not res.get("max_rate"):
+    if not res.max_rate:
         return None
-    keys = ("max_rate", "capped", "attainment", "mean_output_tokens", "slo_measured", "user_tok_s")
-    return json.dumps([res.get(k) for k in keys], sort_keys=True, default=str)
+    return json.dumps([res.max_rate, res.capped, res.attainment, res.mean_output_tokens, res.slo_measured,
+                       res.user_tok_s], sort_keys=True, default=str)
 
 
 def format_table(rows: list[PlanRow], swept: list[str]) -> str:
