@@ -43,7 +43,7 @@ def copy(good, tmp_path) -> Path:
 ENTRY_POINTS = {
     "traces summary": lambda d, good, tmp: traces_main(["summary", str(d)]),
     "traces export": lambda d, good, tmp: traces_main(["export", str(d), "-o", str(tmp / "out.json")]),
-    "sim replay": lambda d, good, tmp: sim_main(["replay", str(d), "--no-progress"]),
+    "sim replay": lambda d, good, tmp: sim_main(["replay", str(d), "--no-progress", "--trace", str(tmp / "replay")]),
     "sim compare": lambda d, good, tmp: sim_main(["compare", str(good), str(d)]),
     "sim calibrate": lambda d, good, tmp: sim_main(["calibrate", str(d), "-o", str(tmp / "p.json")]),
     "tui": lambda d, good, tmp: tui_main([str(d)]),

@@ -270,7 +270,7 @@ def test_replay_samples_report_each_metric_as_median_inside_p5_p95(engine_like, 
     assert main(["calibrate", str(engine_like / "a"), "-o", str(prof)]) == 0
     capsys.readouterr()
     assert main(["replay", str(engine_like / "b"), "--cost-model", str(prof), "--samples", "4", "--json",
-                 "--no-progress"]) == 0
+                 "--no-progress", "--trace", str(tmp_path / "replay")]) == 0
     samples = json.loads(capsys.readouterr().out)["samples"]
     assert samples["num_samples"] == 4 and len(samples["metrics"]) == 10
     assert all(m["p5"] <= m["median"] <= m["p95"] for m in samples["metrics"].values())
