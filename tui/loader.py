@@ -8,9 +8,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from traces import Trace, TraceError, load
-from traces.schema import STEP_COLUMNS
+from traces.schema import STEP_COLUMNS, TABLES
 
 REQUIRED_STEP_COLUMNS = STEP_COLUMNS[:12]
+# Per-token lists no view shows: on a long run they are most of the requests table's bytes.
+UNSHOWN = {"requests": ("prompt_token_ids", "output_token_ids")}
+# Strings repeated on every row (10M decision rows name 78k requests and two events): read as
+# dictionary codes, they are decoded once per distinct value instead of once per row.
+REPEATED_STRINGS = ("request_id", "event", "phase", "finish_reason", "kind", "preempted_for")
 # What the TUI shows as counts, ids and block lists: a null in one of these has nothing it could mean.
 NOT_NULL = {
     "steps": REQUIRED_STEP_COLUMNS,
@@ -25,7 +30,8 @@ def open_trace(path: str | Path) -> Trace:
     """A `traces.Trace`; every failure to read it is a one-line `TraceError` naming the path."""
     root = Path(path)
     try:
-        trace = load(root, arrow_lists=True)
+        columns = {t: [c for c in TABLES[t] if c not in skip] for t, skip in UNSHOWN.items()}
+        trace = load(root, arrow_lists=True, columns=columns, categories=REPEATED_STRINGS)
     except TraceError:
         raise
     except (OSError, ValueError, KeyError, pa.ArrowException) as e:
