@@ -10,10 +10,9 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-import pyarrow as pa
 
 from traces import Trace
-from traces.blocks import BlockInfo, BlockPoolIndex
+from traces.blocks import BlockPoolIndex, PoolState
 from traces.describe import describe_run
 from traces.frames import list_cell
 from tui.queues import QueueIndex
@@ -40,13 +39,6 @@ def as_int(v: Any) -> int:
     """A table cell as int, 0 for missing values."""
     f = as_float(v)
     return 0 if math.isnan(f) else int(f)
-
-
-def _pylist(col: pd.Series) -> list:
-    """A column as plain Python objects; Arrow-backed lists convert in C, nulls become None."""
-    if isinstance(col.dtype, pd.ArrowDtype):
-        return pa.array(col.array).to_pylist()
-    return col.tolist()
 
 
 class RunIndex:
@@ -88,7 +80,7 @@ class RunIndex:
         self.req_total = self.req_prompt + pd.to_numeric(req["num_output_tokens"], errors="coerce").fillna(0).to_numpy(
             np.int64)
         self._rows_of: dict[str, np.ndarray] = {}
-        self._blocks_cache: dict[int, list[BlockInfo]] = {}
+        self._blocks_cache: dict[int, PoolState] = {}
 
     # ---- run description -----------------------------------------------------------------------
     @property
@@ -239,21 +231,19 @@ class RunIndex:
     # ---- block pool ----------------------------------------------------------------------------
     @cached_property
     def block_index(self) -> BlockPoolIndex:
-        """Built on first use; Arrow list columns become Python lists in one pass (faster to replay)."""
-        ev = self.trace.block_events
-        plain = pd.DataFrame({c: _pylist(ev[c]) for c in ev.columns}) if len(ev) else ev
+        """Built on first use; it converts only the events a step's replay reads."""
         total = int(self.kv_total[0]) + 1 if self.n else 1
-        return BlockPoolIndex(plain, self.trace.block_snapshots, total)
+        return BlockPoolIndex(self.trace.block_events, self.trace.block_snapshots, total)
 
     @property
     def num_blocks(self) -> int:
         return self.block_index.num_blocks - 1
 
-    def blocks_at(self, pos: int) -> list[BlockInfo]:
-        """Blocks 1..N-1 after step `pos`; the last few steps looked at are kept."""
+    def blocks_at(self, pos: int) -> PoolState:
+        """The pool after step `pos` (blocks 1..N-1 shown); the last few steps looked at are kept."""
         got = self._blocks_cache.get(pos)
         if got is None:
-            got = self.block_index.state_at(int(self.step_no[pos]))
+            got = self.block_index.pool_at(int(self.step_no[pos]))
             if len(self._blocks_cache) >= 8:
                 self._blocks_cache.pop(next(iter(self._blocks_cache)))
             self._blocks_cache[pos] = got

@@ -8,6 +8,7 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.message import Message
 from textual.widgets import Label, Static
 
+from traces.blocks import BlockInfo, PoolState
 from tui import reasons, views
 from tui.compare import Comparison
 from tui.model import LifecycleEvent, RunIndex
@@ -77,11 +78,11 @@ class BlocksPane(Vertical):
 
     def __init__(self, **kw) -> None:
         super().__init__(**kw)
-        self.blocks: list = []
+        self.pool: PoolState | None = None
 
     def show(self, run: RunIndex, pos: int, selected: str | None) -> None:
-        self.blocks = blocks = run.blocks_at(pos)
-        codes = cell_codes(blocks, selected)
+        self.pool = pool = run.blocks_at(pos)
+        codes = cell_codes(pool, selected)
         bm = self.query_one(BlockMap)
         bm.set_codes(codes)
         base = codes & ~MINE
@@ -90,14 +91,19 @@ class BlocksPane(Vertical):
         legend = Text()
         for (glyph, colour, label), n in zip(LEGEND, counts):
             legend.append(f"{glyph} ", colour).append(f"{label} {n}   ")
-        legend.append(f"\n{len(blocks)} blocks, one cell each; block id = position + 1", "dim")
+        legend.append(f"\n{pool.num_blocks} blocks, one cell each; block id = position + 1", "dim")
         self.query_one("#block-legend", Static).update(legend, layout=False)
         self.show_detail(bm.cursor)
 
+    def _block(self, index: int) -> BlockInfo | None:
+        """The block at map position `index` (block id index + 1), if there is one."""
+        if self.pool is None or not 0 <= index < self.pool.num_blocks:
+            return None
+        return self.pool.block(index + 1)
+
     def show_detail(self, index: int) -> None:
         t = Text()
-        if 0 <= index < len(self.blocks):
-            b = self.blocks[index]
+        if (b := self._block(index)) is not None:
             t.append(f"block {b.block_id}", "bold").append(f" · {b.state}{' (shared)' if b.ref_cnt > 1 else ''}"
                                                            f" · ref_cnt {b.ref_cnt} · hash {b.hash or '-'}\n")
             t.append(f"holders: {', '.join(b.holders) or '-'}" + ("  (enter: select)" if b.holders else ""))
@@ -107,8 +113,8 @@ class BlocksPane(Vertical):
         self.show_detail(event.index)
 
     def on_block_map_picked(self, event: BlockMap.Picked) -> None:
-        if 0 <= event.index < len(self.blocks) and self.blocks[event.index].holders:
-            self.post_message(SelectRequest(self.blocks[event.index].holders[0]))
+        if (b := self._block(event.index)) is not None and b.holders:
+            self.post_message(SelectRequest(b.holders[0]))
 
 
 class RequestPane(Vertical):

@@ -14,7 +14,7 @@ from textual.message import Message
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
-from traces.blocks import BlockInfo
+from traces.blocks import PoolState
 from tui.widgets.vtable import style_of
 
 FREE, CACHED, HELD, SHARED = 0, 1, 2, 3
@@ -26,13 +26,13 @@ LEGEND = (("█", "green3", "held"), ("▓", "yellow", "shared"), ("○", "dodge
           ("·", "grey37", "free"), ("█", "magenta", "selected request"))
 
 
-def cell_codes(blocks: list[BlockInfo], mine: str | None) -> np.ndarray:
+def cell_codes(pool: PoolState, mine: str | None) -> np.ndarray:
     """State code per block (index = block id - 1), with MINE set on blocks the selected request holds."""
-    codes = np.empty(len(blocks), np.int8)
-    for i, b in enumerate(blocks):
-        h = b.holders
-        c = (SHARED if len(h) > 1 else HELD) if h else (CACHED if b.cached else FREE)
-        codes[i] = c | MINE if mine is not None and mine in h else c
+    refs = pool.ref_counts()
+    codes = np.where(refs > 1, SHARED, np.where(refs == 1, HELD, np.where(pool.cached_flags(), CACHED, FREE)))
+    codes = codes.astype(np.int8)
+    if mine is not None:
+        codes[pool.held_by(mine)] |= MINE
     return codes
 
 
