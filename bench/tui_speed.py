@@ -1,18 +1,22 @@
-"""How fast the TUI opens a big trace and moves one step.
+"""How fast the TUI opens a big trace, switches tabs and moves one step.
 
-Writes a synthetic 100,000-step trace in the trace directory format (tables built with numpy and
-written straight to Parquet: running a scheduler for 100k steps would take minutes), then measures,
-with Textual's pilot in a headless terminal:
+Writes synthetic traces of 100,000 and 665,000 steps (the whole Azure conversation replay's size) in the
+trace directory format (tables built with numpy and written straight to Parquet: running a scheduler for
+665k steps would take minutes), and any existing trace given with `--trace`, then measures each with
+Textual's pilot in a headless terminal:
   open: loading the trace, indexing it and mounting the app until the first screen is drawn;
-  step: the median time of single-step moves, from a key event posted to the app until the step has
-        moved, every widget has handled its messages and the screen is redrawn (`pilot.pause(0)`).
+  first switch: from the middle step, the first switch to each tab (what it builds on first use included);
+  step: single-step moves on each tab, from a key event posted to the app until the step has moved, every
+        widget has handled its messages and the screen is redrawn (`pilot.pause(0)`).
         `pilot.press` is timed too, but it sleeps at least 2 x 20 ms to detect CPU idleness.
-Usage: python bench/tui_speed.py [--steps N] [--concurrency C] [--dir DIR] [--tab step|blocks|request]"""
+Usage: python bench/tui_speed.py [--steps N,M] [--concurrency C] [--trace DIR ...] [--moves K]"""
 from __future__ import annotations
 
 import argparse
 import asyncio
 import json
+import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -218,8 +222,28 @@ def write_big_trace(path: Path, num_steps: int = 100_000, concurrency: int = 16,
     return {name: t.num_rows for name, t in tables.items()}
 
 
-async def measure(path: Path, tab: str, moves: int) -> tuple[float, list[float], list[float]]:
-    """(open seconds, step seconds from key to redrawn screen, the same through `pilot.press`)."""
+TAB_KEYS = {"step": "1", "blocks": "2", "request": "3", "run": "4"}
+
+
+@dataclass(slots=True)
+class Timings:
+    """Seconds: opening until the first screen is drawn; the first switch to each tab; single-step moves
+    on each tab, key event to redrawn screen; the same moves through `pilot.press`."""
+    open: float
+    first_switch: dict[str, float]
+    steps: dict[str, list[float]]
+    pressed: list[float]
+
+
+async def _settled(app, pilot, moved) -> None:
+    """Wait until `moved()` holds, then until every widget has handled its messages and redrawn."""
+    while not moved():
+        await asyncio.sleep(0)
+    await pilot.pause(0)
+
+
+async def measure(path: Path, moves: int) -> Timings:
+    """Open `path`, go to its middle step, switch to each tab once, then step back and forth on each."""
     from textual import events
 
     from tui.app import StepscopeApp
@@ -231,25 +255,34 @@ async def measure(path: Path, tab: str, moves: int) -> tuple[float, list[float],
     async with app.run_test(size=(160, 48)) as pilot:
         await pilot.pause(0)
         opened = time.perf_counter() - t0
-        await pilot.press({"step": "1", "blocks": "2", "request": "3"}[tab], "g", *"50000", "enter")
+        run = app.current
+        await pilot.press("g", *str(int(run.step_no[run.n // 2])), "enter")
         await pilot.pause()
-        if tab == "request":
-            await pilot.press("s", *str(app.run.decisions_at(app.pos)["request_id"].iloc[0]), "enter")
-        steps, pressed = [], []
-        for k in range(moves):
-            key = "n" if k % 4 != 3 else "p"
-            before = app.pos
+        await pilot.press("s", *str(run.decisions_at(app.pos)["request_id"].iloc[0]), "enter")
+        await pilot.pause()
+        first, steps, pressed = {}, {}, []
+        for tab in ("blocks", "request", "run", "step"):
             t = time.perf_counter()
-            app.post_message(events.Key(key, key))
-            while app.pos == before:
-                await asyncio.sleep(0)
-            await pilot.pause(0)
-            steps.append(time.perf_counter() - t)
-            t = time.perf_counter()
-            await pilot.press(key)
-            await pilot.pause(0)
-            pressed.append(time.perf_counter() - t)
-    return opened, steps, pressed
+            app.post_message(events.Key(TAB_KEYS[tab], TAB_KEYS[tab]))
+            await _settled(app, pilot, lambda tab=tab: app.active_tab == tab)
+            first[tab] = time.perf_counter() - t
+        for tab in ("step", "blocks", "request"):
+            await pilot.press(TAB_KEYS[tab])
+            await pilot.pause()
+            steps[tab] = []
+            for k in range(moves):
+                key = "n" if k % 4 != 3 else "p"
+                before = app.pos
+                t = time.perf_counter()
+                app.post_message(events.Key(key, key))
+                await _settled(app, pilot, lambda before=before: app.pos != before)
+                steps[tab].append(time.perf_counter() - t)
+                if tab == "step":
+                    t = time.perf_counter()
+                    await pilot.press(key)
+                    await pilot.pause(0)
+                    pressed.append(time.perf_counter() - t)
+    return Timings(opened, first, steps, pressed)
 
 
 def _cold_import_seconds() -> float:
@@ -259,27 +292,43 @@ def _cold_import_seconds() -> float:
     return float(out.stdout.strip())
 
 
+def report(label: str, t: Timings) -> None:
+    print(f"{label} open: {t.open:.2f} s")
+    for tab, secs in t.first_switch.items():
+        print(f"{label} first switch to {tab}: {secs * 1e3:.0f} ms")
+    for tab, secs in t.steps.items():
+        print(f"{label} step on {tab}: {statistics.median(secs) * 1e3:.1f} ms (median of {len(secs)} single-step "
+              f"moves, key event to redrawn screen; max {max(secs) * 1e3:.1f} ms)")
+    print(f"{label} pilot.press: {statistics.median(t.pressed) * 1e3:.1f} ms (the step tab's moves through "
+          f"pilot.press, which adds its own CPU-idle detection: two sleeps of at least 20 ms)")
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=100_000)
+    ap.add_argument("--steps", default="100000,665000", help="comma-separated sizes of synthetic traces")
     ap.add_argument("--concurrency", type=int, default=16)
-    ap.add_argument("--dir", type=Path, default=None, help="where to write the trace (default: a temp dir)")
-    ap.add_argument("--tab", choices=("step", "blocks", "request"), default="step")
-    ap.add_argument("--moves", type=int, default=40)
+    ap.add_argument("--trace", type=Path, action="append", default=[],
+                    help="also measure this existing trace directory (repeatable)")
+    ap.add_argument("--moves", type=int, default=20)
     args = ap.parse_args(argv)
+    print(f"load: {_load()}")
+    print(f"imports: {_cold_import_seconds():.2f} s (a fresh interpreter importing the TUI: Textual, pandas, pyarrow)")
     with tempfile.TemporaryDirectory() as tmp:
-        path = args.dir or Path(tmp) / "big"
-        t = time.perf_counter()
-        shape = write_big_trace(path, args.steps, args.concurrency)
-        print(f"wrote {path}: {shape} in {time.perf_counter() - t:.1f} s")
-        imports = _cold_import_seconds()
-        opened, steps, pressed = asyncio.run(measure(path, args.tab, args.moves))
-    print(f"imports: {imports:.2f} s (a fresh interpreter importing the TUI: Textual, pandas, pyarrow)")
-    print(f"open: {opened:.2f} s")
-    print(f"step: {statistics.median(steps) * 1e3:.1f} ms (median of {len(steps)} single-step moves on the "
-          f"{args.tab} tab, key event to redrawn screen; max {max(steps) * 1e3:.1f} ms)")
-    print(f"pilot.press: {statistics.median(pressed) * 1e3:.1f} ms (the same moves through pilot.press, which "
-          f"adds its own CPU-idle detection: two sleeps of at least 20 ms)")
+        for n in (int(x) for x in args.steps.split(",") if x):
+            path = Path(tmp) / f"big-{n}"
+            t = time.perf_counter()
+            shape = write_big_trace(path, n, args.concurrency)
+            print(f"wrote {n}-step trace: {shape} in {time.perf_counter() - t:.1f} s")
+            report(f"{n} steps", asyncio.run(measure(path, args.moves)))
+            shutil.rmtree(path)
+    for path in args.trace:
+        report(str(path), asyncio.run(measure(path, args.moves)))
+
+
+def _load() -> str:
+    """The machine's load averages, as the other benches note them."""
+    one, five, _ = os.getloadavg()
+    return f"{one:.2f} {five:.2f} (1 and 5 min averages, {os.cpu_count()} cores)"
 
 
 if __name__ == "__main__":
