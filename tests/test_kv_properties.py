@@ -11,6 +11,7 @@ from engine.core.block_pool import KVCacheBlock
 from core_helpers import EOS, fake_output, make_scheduler
 
 SYSTEM_PROMPT = [5, 6, 7, 8, 5, 6, 7, 8]
+UNMADE_RUN = -2  # the block id of the sentinel standing for the free queue's blocks not made yet
 TOKENS = st.integers(1, 2)
 PICK = st.integers(0, 1_000)
 
@@ -32,8 +33,12 @@ def check_pool(kv: KVCacheManager) -> None:
     forward = walk(queue._head, queue._tail, "next_free_block", pool.num_blocks)
     backward = walk(queue._tail, queue._head, "prev_free_block", pool.num_blocks)
     assert backward[::-1] == forward, "free queue links disagree between directions"
-    assert queue.num_free_blocks == len(forward)
-    free_ids = [b.block_id for b in forward]
+    runs = [b for b in forward if b.block_id == UNMADE_RUN]
+    assert len(runs) == bool(queue.unmade), "the unmade blocks' run is linked exactly while some are left"
+    free_ids = [i for b in forward for i in (queue.unmade if b.block_id == UNMADE_RUN else [b.block_id])]
+    assert queue.num_free_blocks == len(free_ids)
+    assert [b.block_id for b in pool.made_blocks] == list(range(len(pool.made_blocks))), "made blocks out of id order"
+    assert not queue.unmade or queue.unmade == range(len(pool.made_blocks), pool.num_blocks)
     assert len(set(free_ids)) == len(free_ids), "a block is in the free queue twice"
     assert 0 not in free_ids, "the null block is in the free queue"
 
@@ -46,7 +51,7 @@ def check_pool(kv: KVCacheManager) -> None:
             holders[i] = holders.get(i, 0) + 1
     assert not set(free_ids) & set(holders), "a block is both free and held"
     assert len(free_ids) + len(holders) == pool.num_usable_blocks, "a block is neither free nor held"
-    for b in pool.blocks[1:]:
+    for b in pool.made_blocks[1:]:
         assert b.ref_cnt == holders.get(b.block_id, 0), f"{b} ref_cnt != number of holders"
         if b.block_id not in free_ids:
             assert b.prev_free_block is None and b.next_free_block is None, f"{b} keeps stale free links"
@@ -58,7 +63,7 @@ def check_pool(kv: KVCacheManager) -> None:
         assert len(by_id) > isinstance(same, dict), "the cache keeps a dict of one block, or of none"
         for block_id, b in by_id.items():
             assert b.block_hash == h and b.block_id == block_id, f"cache maps a hash to {b}, which has another hash"
-    for b in pool.blocks:
+    for b in pool.made_blocks:
         if b.block_hash is not None:
             assert b in pool.cached_blocks(b.block_hash), f"{b} has a hash the cache does not map to it"
     cached_seen = False
@@ -73,9 +78,9 @@ def snapshot(kv: KVCacheManager) -> tuple:
         return None if b is None else b.block_id
 
     pool = kv.block_pool
-    blocks = [(b.ref_cnt, b.block_hash, link(b.prev_free_block), link(b.next_free_block)) for b in pool.blocks]
+    blocks = [(b.ref_cnt, b.block_hash, link(b.prev_free_block), link(b.next_free_block)) for b in pool.made_blocks]
     queue = pool.free_block_queue
-    free = [b.block_id for b in walk(queue._head, queue._tail, "next_free_block", pool.num_blocks)]
+    free = [b.block_id for b in walk(queue._head, queue._tail, "next_free_block", pool.num_blocks)], queue.unmade
     held = {rid: [b.block_id for b in bl] for rid, bl in kv.req_to_blocks.items()}
     table = {h: [b.block_id for b in pool.cached_blocks(h)] for h in pool.cached_block_hash_to_block}
     return blocks, free, held, dict(kv.num_cached_block), table, pool.num_evictions

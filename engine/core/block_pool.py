@@ -29,29 +29,53 @@ class KVCacheBlock:
 
 
 class FreeKVCacheBlockQueue:
-    """Doubly linked list of free blocks between two sentinels: O(1) popleft, append, appendleft, remove."""
+    """Doubly linked list of free blocks between two sentinels: O(1) popleft, append, appendleft, remove.
 
-    def __init__(self, blocks: list[KVCacheBlock]) -> None:
+    Blocks never handed out yet (`unmade`, ids in order) are not objects until the queue hands them out:
+    one more sentinel stands for their run where it sits in the queue, and each block made is appended
+    to `made` (the pool's list by id). A pool then costs what its used blocks cost: a plan simulates
+    pools of tens of thousands of blocks many times over and a short run touches few of them."""
+
+    def __init__(self, blocks: list[KVCacheBlock], unmade: range = range(0), made: list | None = None) -> None:
         self.num_free_blocks = 0
         self._head = KVCacheBlock(-1)
         self._tail = KVCacheBlock(-1)
         self._head.next_free_block = self._tail
         self._tail.prev_free_block = self._head
         self.append_n(blocks)
+        self._unmade, self._made = unmade, made if made is not None else []
+        self._run = KVCacheBlock(-2)
+        if unmade:
+            self.append(self._run)
+            self.num_free_blocks += len(unmade) - 1
+
+    @property
+    def unmade(self) -> range:
+        """Ids of the blocks not made yet, in queue order; their sentinel (block id -2) sits where they do."""
+        return self._unmade
 
     def popleft(self) -> KVCacheBlock:
         block = self._head.next_free_block
         if block is self._tail:
             raise ValueError("no free blocks left")
+        if block is self._run:
+            return self.popleft_n(1)[0]
         self.remove(block)
         return block
 
     def popleft_n(self, n: int) -> list[KVCacheBlock]:
         if n > self.num_free_blocks:
             raise ValueError(f"asked for {n} free blocks, have {self.num_free_blocks}")
-        out = []
+        out: list[KVCacheBlock] = []
         block = self._head.next_free_block
-        for _ in range(n):
+        while len(out) < n:
+            if block is self._run:
+                out.extend(self._make(n - len(out)))
+                if self._unmade:
+                    break
+                block = self._run.next_free_block
+                self._run.prev_free_block = self._run.next_free_block = None
+                continue
             out.append(block)
             nxt = block.next_free_block
             block.prev_free_block = block.next_free_block = None
@@ -60,6 +84,28 @@ class FreeKVCacheBlockQueue:
         block.prev_free_block = self._head
         self.num_free_blocks -= n
         return out
+
+    def make_all(self) -> KVCacheBlock:
+        """Make every unmade block, linked where their run sat; returns the first of them (the tail
+        sentinel, or the block after the run, when there were none)."""
+        run = self._run
+        if run.prev_free_block is None:
+            return self._tail
+        prev, nxt = run.prev_free_block, run.next_free_block
+        run.prev_free_block = run.next_free_block = None
+        first = prev
+        for made in self._make(len(self._unmade)):
+            prev.next_free_block, made.prev_free_block = made, prev
+            prev = made
+        prev.next_free_block, nxt.prev_free_block = nxt, prev
+        return first.next_free_block
+
+    def _make(self, n: int) -> list[KVCacheBlock]:
+        """The next `n` (at most) unmade blocks, made."""
+        ids, self._unmade = self._unmade[:n], self._unmade[n:]
+        new = [KVCacheBlock(i) for i in ids]
+        self._made.extend(new)
+        return new
 
     def remove(self, block: KVCacheBlock) -> None:
         prev, nxt = block.prev_free_block, block.next_free_block
@@ -100,9 +146,13 @@ class FreeKVCacheBlockQueue:
         self.num_free_blocks += 1
 
     def get_all_free_blocks(self) -> list[KVCacheBlock]:
+        """Every free block in queue order (the unmade ones made: this is for inspection, not the hot path)."""
         out = []
         block = self._head.next_free_block
         while block is not self._tail:
+            if block is self._run:
+                block = self.make_all()
+                continue
             out.append(block)
             block = block.next_free_block
         return out
@@ -121,8 +171,8 @@ class BlockPool:
             raise ValueError(f"num_blocks: need at least 2 (one is the null block), got {num_blocks}")
         self.num_blocks = num_blocks
         self.enable_caching = enable_caching
-        self.blocks = [KVCacheBlock(i) for i in range(num_blocks)]
-        self.free_block_queue = FreeKVCacheBlockQueue(self.blocks)
+        self.made_blocks: list[KVCacheBlock] = []  # by id: the blocks handed out so far (the queue makes them)
+        self.free_block_queue = FreeKVCacheBlockQueue([], unmade=range(num_blocks), made=self.made_blocks)
         self.null_block = self.free_block_queue.popleft()
         self.null_block.is_null = True
         # Hash -> the block cached under it or, while several blocks hold equal content, a dict of them by
@@ -130,6 +180,13 @@ class BlockPool:
         # per block_size tokens decoded, and those drive the garbage collector's full passes.
         self.cached_block_hash_to_block: dict[BlockHash, KVCacheBlock | dict[int, KVCacheBlock]] = {}
         self.num_evictions = 0
+
+    @property
+    def blocks(self) -> list[KVCacheBlock]:
+        """Every block by id, those never handed out made now: for inspection (the hot path and snapshots
+        use `made_blocks`, as the others are free and uncached)."""
+        self.free_block_queue.make_all()
+        return self.made_blocks
 
     def get_cached_block(self, block_hash: BlockHash) -> KVCacheBlock | None:
         """The block a hit on `block_hash` takes: the first one cached under it."""
@@ -218,7 +275,7 @@ class BlockPool:
         if self.get_num_free_blocks() != self.num_blocks - 1:
             return False
         self.cached_block_hash_to_block.clear()
-        for block in self.blocks:
+        for block in self.made_blocks:
             block.block_hash = None
         return True
 
