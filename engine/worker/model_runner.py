@@ -2,6 +2,7 @@
 and samples. Decodes go first in the batch so attention can treat them as one vectorised group."""
 from __future__ import annotations
 
+import logging
 import weakref
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
@@ -22,6 +23,8 @@ from engine.worker.model_runner_output import (
     PLACEHOLDER_TOKEN, STEP_OVERLAPS, PendingStep, PreparedStep, StepOutput, to_device)
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+logger = logging.getLogger("stepscope")
 
 
 def default_step_overlap(async_scheduling: bool, device: torch.device) -> str:
@@ -60,7 +63,11 @@ class ModelRunner:
         self.model = load_model(mc.hf_config, mc.model_dir, mc.load_format, self.dtype, self.device, mc.seed,
                                 attn_backend=self.config.device_config.attention_backend)
         if self.device.type == "cpu":
-            pack_linears(self.model, batch_size_hint=self.config.scheduler_config.max_num_seqs)
+            packing = pack_linears(self.model, batch_size_hint=self.config.scheduler_config.max_num_seqs)
+            if packing.unsupported:
+                logger.warning("%d linear layers in %s run unpacked: oneDNN has no kernel for that dtype on this "
+                               "CPU (bf16 needs AVX-512 or AVX-NE-CONVERT), and torch's fallback is far slower "
+                               "than float32", packing.unsupported, self.dtype)
 
     def get_kv_cache_spec(self) -> KVCacheSpec:
         return kv_cache_spec(self.config.model_config.hf_config)
