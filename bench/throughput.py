@@ -2,7 +2,8 @@
 the same weights and the same requests. Prints `label: value unit` lines.
 
 Cases (`--cases`, comma-separated):
-  decode      64 requests, prompts 32-256, outputs 32-128, greedy, ignore_eos (output tok/s)
+  decode      64 requests, prompts 32-256, outputs 32-128, greedy, ignore_eos (output tok/s), and the
+              greedy tokens' agreement with transformers over each request's first 32
   prefill     long prompts, 1-4 output tokens, chunked prefill so chunks read a cached context
               (prompt + output tok/s), with the matmul bound of one chunk
   contention  the decode case at 1 thread, then at 2 threads with a busy neighbour process
@@ -10,6 +11,7 @@ Cases (`--cases`, comma-separated):
 
     python bench/throughput.py --model hidden-512 --threads 1
     python bench/throughput.py --model hidden-512 --cases decode,vllm --threads 2
+    python bench/throughput.py --model hidden-512 --cases decode,vllm --threads 2 --dtype bfloat16
     python bench/throughput.py --device cuda --model qwen3-0.6b --num-seqs 256 --min-len 100 --max-len 1024
 """
 from __future__ import annotations
@@ -45,7 +47,8 @@ def build_engine(args, threads: int | None, max_num_batched_tokens: int | None =
 
     llm = LLM(args.model, device=args.device, max_model_len=args.max_model_len, max_num_seqs=args.num_seqs,
               max_num_batched_tokens=max_num_batched_tokens or args.max_num_batched_tokens,
-              kv_cache_memory=args.kv_cache_memory, num_threads=threads, enforce_eager=args.enforce_eager)
+              kv_cache_memory=args.kv_cache_memory, num_threads=threads, enforce_eager=args.enforce_eager,
+              dtype=args.dtype)
     llm.generate([{"prompt_token_ids": [5, 6, 7]}], SamplingParams(max_tokens=4), use_tqdm=False)
     return llm
 
@@ -71,11 +74,20 @@ def bench_engine(args, prompts, outs, threads=None, count_prompts=False, max_num
     return statistics.median(run_engine(llm, prompts, outs, count_prompts)[0] for _ in range(args.repeats))
 
 
-def bench_transformers(args, prompts, outs, hf_config, model_dir, count_prompts: bool = False) -> float:
+def torch_dtype(args) -> torch.dtype:
+    """The bench's dtype as the engine resolves `auto`: float32 on a CPU, bfloat16 on a GPU."""
+    from engine.config import resolve_dtype
+
+    return getattr(torch, resolve_dtype(args.dtype, args.device))
+
+
+def bench_transformers(args, prompts, outs, hf_config, model_dir,
+                       count_prompts: bool = False) -> tuple[float, list[list[int]]]:
+    """(median tok/s, each request's greedy tokens up to its own output length)."""
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(0)
-    dtype = torch.float32 if args.device == "cpu" else torch.bfloat16
+    dtype = torch_dtype(args)
     if model_dir is not None:
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
     else:
@@ -92,14 +104,25 @@ def bench_transformers(args, prompts, outs, hf_config, model_dir, count_prompts:
     for _ in range(args.repeats):
         t = time.perf_counter()
         with torch.no_grad():
-            model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max(outs), min_new_tokens=max(outs),
-                           do_sample=False, pad_token_id=0)
+            gen = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max(outs),
+                                 min_new_tokens=max(outs), do_sample=False, pad_token_id=0)
         if args.device.startswith("cuda"):
             torch.cuda.synchronize()
         # Every sequence runs to the longest output; only each request's own tokens count as useful.
         tokens = sum(outs) + (sum(map(len, prompts)) if count_prompts else 0)
         runs.append(tokens / (time.perf_counter() - t))
-    return statistics.median(runs)
+    return statistics.median(runs), [gen[i, width:width + o].tolist() for i, o in enumerate(outs)]
+
+
+def agreement(ours: list[list[int]], theirs: list[list[int]], first: int = 32) -> float:
+    """Share of greedy tokens that agree over each request's first `first` outputs, up to its first
+    disagreement: past it the two continue from different text."""
+    agree = total = 0
+    for a, b in zip(ours, theirs):
+        n = min(first, len(a), len(b))
+        k = next((i for i in range(n) if a[i] != b[i]), n)
+        agree, total = agree + k, total + n
+    return agree / total if total else 1.0
 
 
 def decode_matmul_bound(args, hf_config, prompts, outs) -> float | None:
@@ -110,7 +133,7 @@ def decode_matmul_bound(args, hf_config, prompts, outs) -> float | None:
         return None
     prefill_rows = min(512, sum(map(len, prompts)))
     return cpu_cases.workload_matmul_bound(hf_config, sum(map(len, prompts)), sum(outs), len(prompts),
-                                           prefill_rows, torch.float32)
+                                           prefill_rows, torch_dtype(args))
 
 
 def case_decode(args, hf_config, model_dir) -> None:
@@ -118,7 +141,10 @@ def case_decode(args, hf_config, model_dir) -> None:
                                   hf_config.vocab_size)
     print(f"case: decode, {len(prompts)} requests, prompts {args.min_len}-{args.max_len}, "
           f"outputs {args.min_out}-{args.max_out}", flush=True)
-    ours = bench_engine(args, prompts, outs, args.threads)
+    llm = build_engine(args, args.threads)
+    runs = [run_engine(llm, prompts, outs) for _ in range(args.repeats)]
+    ours, our_out = statistics.median(r[0] for r in runs), runs[0][2]
+    print(f"dtype: {torch_dtype(args)}", flush=True)
     print(f"threads: {torch.get_num_threads()} of {os.cpu_count()} cpus", flush=True)
     print(f"engine: {ours:.1f} tok/s ({cpu_cases.load_note()})", flush=True)
     bound = decode_matmul_bound(args, hf_config, prompts, outs)
@@ -126,9 +152,11 @@ def case_decode(args, hf_config, model_dir) -> None:
         print(f"matmul bound: {bound:.1f} tok/s", flush=True)
         print(f"ratio vs matmul bound: {ours / bound:.2f}", flush=True)
     if not args.skip_transformers:
-        theirs = bench_transformers(args, prompts, outs, hf_config, model_dir)
+        theirs, their_out = bench_transformers(args, prompts, outs, hf_config, model_dir)
         print(f"transformers: {theirs:.1f} tok/s", flush=True)
         print(f"ratio: {ours / theirs:.2f}", flush=True)
+        print(f"greedy agreement with transformers, first 32 tokens: {100 * agreement(our_out, their_out):.1f} %",
+              flush=True)
 
 
 def case_prefill(args, hf_config, model_dir) -> None:
@@ -139,13 +167,12 @@ def case_prefill(args, hf_config, model_dir) -> None:
           f"outputs 1-4, chunks of {chunk} tokens", flush=True)
     ours = bench_engine(args, prompts, outs, args.threads, count_prompts=True, max_num_batched_tokens=chunk)
     print(f"engine: {ours:.1f} tok/s", flush=True)
-    dtype = torch.float32 if args.device == "cpu" else torch.bfloat16
-    bound = cpu_cases.matmul_bound(hf_config, chunk, dtype) if args.device == "cpu" else None
+    bound = cpu_cases.matmul_bound(hf_config, chunk, torch_dtype(args)) if args.device == "cpu" else None
     if bound is not None:
         print(f"matmul bound: {bound:.1f} tok/s", flush=True)
         print(f"ratio vs matmul bound: {ours / bound:.2f}", flush=True)
     if not args.skip_transformers:
-        theirs = bench_transformers(args, prompts, outs, hf_config, model_dir, count_prompts=True)
+        theirs = bench_transformers(args, prompts, outs, hf_config, model_dir, count_prompts=True)[0]
         print(f"transformers: {theirs:.1f} tok/s", flush=True)
         print(f"ratio: {ours / theirs:.2f}", flush=True)
 
@@ -177,7 +204,7 @@ def case_vllm(args, hf_config, model_dir) -> None:
     print(f"case: vllm, decode requests, {args.repeats} interleaved rounds", flush=True)
     if USER_SPIN_COUNT is None:  # vLLM's processes start with its own OpenMP defaults, not ours
         os.environ.pop("GOMP_SPINCOUNT", None)
-    theirs_llm = cpu_cases.VllmRunner(model_dir, args.max_model_len, args.threads)
+    theirs_llm = cpu_cases.VllmRunner(model_dir, args.max_model_len, args.threads, dtype=str(torch_dtype(args))[6:])
     ours_llm = build_engine(args, args.threads)
     ours, theirs, ratios, cpu_ratios = [], [], [], []
     for i in range(args.repeats):
@@ -210,6 +237,8 @@ def parse_args() -> argparse.Namespace:
                    help=f"bench shape ({', '.join(cpu_cases.SHAPES)}), preset, checkpoint dir, or none (built-in)")
     p.add_argument("--cases", default="decode,prefill", help=f"comma-separated: {', '.join(CASES)}")
     p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
+                   help="of the engine, transformers and vLLM alike (auto: float32 on a CPU, bfloat16 on a GPU)")
     p.add_argument("--num-seqs", type=int, default=64)
     p.add_argument("--min-len", type=int, default=32)
     p.add_argument("--max-len", type=int, default=256)
