@@ -81,7 +81,8 @@ def matmul_bound(hf_config, num_tokens: int, dtype: torch.dtype, repeats: int = 
 
 def _linear_seconds(rows: int, shapes: list[tuple[int, int]], dtype: torch.dtype, repeats: int) -> float:
     """Median seconds of one pass over `shapes` (in, out) on `rows` rows, each shape timed with torch's
-    linear and with a oneDNN-packed weight, whichever is faster (the engine packs them on CPU)."""
+    linear and with the layer the engine swaps in on a CPU (oneDNN-packed, or multiplied in float32 where
+    oneDNN has no kernel for the dtype), whichever is faster."""
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from engine.model_executor.layers.cpu_linear import pack_linears
 
@@ -92,7 +93,8 @@ def _linear_seconds(rows: int, shapes: list[tuple[int, int]], dtype: torch.dtype
             x = torch.randn(rows, k, dtype=dtype)
             ways = [partial(torch.nn.functional.linear, x, lin.weight)]
             packed = torch.nn.Sequential(lin)
-            if pack_linears(packed, rows).packed:  # none where oneDNN has no kernel for the dtype
+            done = pack_linears(packed, rows)
+            if done.packed or done.upcast:  # the layer the engine runs in its place
                 ways.append(partial(packed[0], x))
             total += min(_median_call_seconds(fn, repeats) for fn in ways)
     return total

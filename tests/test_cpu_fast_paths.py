@@ -15,7 +15,8 @@ from engine.model_executor.attention import cpu_decode
 from engine.model_executor.attention.torch_backend import forward, reshape_and_cache
 from engine.model_executor.forward_context import build_attn_metadata
 from engine.model_executor.layers import cpu_linear
-from engine.model_executor.layers.cpu_linear import Packing, PackedLinear, onednn_packing_available, pack_linears
+from engine.model_executor.layers.cpu_linear import (Packing, PackedLinear, UpcastLinear, onednn_packing_available,
+                                                     pack_linears)
 
 needs_onednn = pytest.mark.skipif(not onednn_packing_available(), reason="torch built without oneDNN")
 
@@ -50,21 +51,31 @@ def test_packed_linear_matches_nn_linear_on_2d_and_3d_inputs(bias):
 @needs_onednn
 def test_pack_linears_swaps_every_linear_and_nothing_else():
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Sequential(nn.Linear(16, 4), nn.LayerNorm(4)))
-    assert pack_linears(model, batch_size_hint=4) == Packing(packed=2, unsupported=0)
+    assert pack_linears(model, batch_size_hint=4) == Packing(packed=2, upcast=0)
     assert [type(m).__name__ for m in model.modules()] == [
         "Sequential", "PackedLinear", "ReLU", "Sequential", "PackedLinear", "LayerNorm"]
 
 
 @needs_onednn
-def test_a_linear_onednn_cannot_pack_stays_an_nn_linear_and_is_counted(monkeypatch):
+def test_a_linear_onednn_cannot_pack_multiplies_in_float32_and_is_counted(monkeypatch):
     """bf16 on a CPU without AVX-512 or AVX-NE-CONVERT: oneDNN refuses the reorder."""
     def refuse(weight, hint):
         raise RuntimeError("mkldnn_reorder_linear_weight: bf16 path needs the cpu support avx_ne_convert")
 
     monkeypatch.setattr(cpu_linear.torch.ops.mkldnn, "_reorder_linear_weight", refuse)
     model = nn.Sequential(nn.Linear(8, 16).to(torch.bfloat16), nn.ReLU())
-    assert pack_linears(model, batch_size_hint=4) == Packing(packed=0, unsupported=1)
-    assert type(model[0]) is nn.Linear
+    assert pack_linears(model, batch_size_hint=4) == Packing(packed=0, upcast=1)
+    assert type(model[0]) is UpcastLinear and model[0].weight.dtype == torch.bfloat16
+
+
+def test_upcast_linear_gives_a_bf16_gemm_with_float32_accumulation():
+    torch.manual_seed(0)
+    linear = nn.Linear(64, 32).to(torch.bfloat16)
+    x = torch.randn(5, 64).to(torch.bfloat16)
+    exact = (x.double() @ linear.weight.double().T + linear.bias.double()).to(torch.bfloat16)
+    out = UpcastLinear(linear)(x)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out, exact, atol=0, rtol=2 ** -7)
 
 
 @pytest.fixture

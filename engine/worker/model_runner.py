@@ -64,10 +64,9 @@ class ModelRunner:
                                 attn_backend=self.config.device_config.attention_backend)
         if self.device.type == "cpu":
             packing = pack_linears(self.model, batch_size_hint=self.config.scheduler_config.max_num_seqs)
-            if packing.unsupported:
-                logger.warning("%d linear layers in %s run unpacked: oneDNN has no kernel for that dtype on this "
-                               "CPU (bf16 needs AVX-512 or AVX-NE-CONVERT), and torch's fallback is far slower "
-                               "than float32", packing.unsupported, self.dtype)
+            if packing.upcast:
+                logger.info("%d linear layers in %s multiply in float32: oneDNN has no kernel for that dtype on "
+                            "this CPU (bf16 needs AVX-512 or AVX-NE-CONVERT)", packing.upcast, self.dtype)
 
     def get_kv_cache_spec(self) -> KVCacheSpec:
         return kv_cache_spec(self.config.model_config.hf_config)

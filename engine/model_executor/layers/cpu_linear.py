@@ -2,7 +2,8 @@
 
 oneDNN reorders a weight once into the blocked layout its matmul kernels read; torch's default
 F.linear goes to MKL every step. oneDNN has bf16 kernels only on CPUs with AVX-512 (BW, VL, DQ) or
-AVX-NE-CONVERT: elsewhere a bf16 weight stays an nn.Linear, and the caller is told.
+AVX-NE-CONVERT; elsewhere torch's own bf16 GEMM is many times slower than float32 once a batch has
+more than a few rows, so a bf16 layer there multiplies in float32 instead (`UpcastLinear`).
 """
 from __future__ import annotations
 
@@ -38,12 +39,28 @@ class PackedLinear(nn.Module):
         return out.view(*lead, self.out_features)
 
 
+class UpcastLinear(nn.Module):
+    """A linear whose weight stays in its own dtype (bf16: half the memory) and is multiplied in float32,
+    upcast one layer at a time. Products of bf16 values are exact in float32 and the sums accumulate in
+    float32, as a bf16 GEMM's do; the output is rounded back to the input's dtype."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight = linear.weight.detach()
+        self.bias = None if linear.bias is None else linear.bias.detach()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        bias = None if self.bias is None else self.bias.float()
+        return torch.nn.functional.linear(x.float(), self.weight.float(), bias).to(x.dtype)
+
+
 @dataclass(slots=True)
 class Packing:
-    """What `pack_linears` did: layers swapped, and layers left unpacked because oneDNN has no kernel
-    for their dtype on this CPU."""
+    """What `pack_linears` did: layers packed for oneDNN, and layers oneDNN has no kernel for on this CPU
+    (bf16 without AVX-512 or AVX-NE-CONVERT), swapped for an UpcastLinear."""
     packed: int = 0
-    unsupported: int = 0
+    upcast: int = 0
 
 
 def pack_linears(model: nn.Module, batch_size_hint: int) -> Packing:
@@ -62,5 +79,6 @@ def pack_linears(model: nn.Module, batch_size_hint: int) -> Packing:
                     setattr(parent, name, PackedLinear(child, batch_size_hint))
                     done.packed += 1
                 except RuntimeError:  # e.g. bf16 on an AVX2-only CPU: no oneDNN kernel to pack for
-                    done.unsupported += 1
+                    setattr(parent, name, UpcastLinear(child))
+                    done.upcast += 1
     return done
