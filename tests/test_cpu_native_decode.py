@@ -86,6 +86,33 @@ def test_few_or_many_sequences_on_one_or_two_threads_give_the_same_answer(num_se
     torch.testing.assert_close(out, reference(q, cache, table, seq_lens, 0.125), atol=2e-6, rtol=1e-5)
 
 
+@pytest.mark.parametrize("head_size", [64, 40])
+@pytest.mark.parametrize("block_size", [5, 16])
+def test_a_bf16_cache_and_queries_give_the_float32_answer_on_the_same_values(head_size, block_size):
+    """The kernel widens bf16 exactly and computes in float32: given a float32 output, it is the float32
+    reference over the same (bf16-rounded) values; given a bf16 one, that rounded once."""
+    q, cache, table, lens = make_decodes([1, 17, 33, 5, 64, 40], 8, 2, head_size, block_size)
+    q16, cache16 = q.to(torch.bfloat16), cache.to(torch.bfloat16)
+    expected = reference(q16.float(), cache16.float(), table, lens, 0.125)
+    wide = torch.full(q.shape, float("nan"))
+    cpu_native.paged_decode(q16, cache16, table, lens, 0.125, wide)
+    torch.testing.assert_close(wide, expected, atol=2e-6, rtol=1e-5)
+    narrow = torch.full_like(q16, float("nan"))
+    cpu_native.paged_decode(q16, cache16, table, lens, 0.125, narrow)
+    assert torch.equal(narrow, wide.to(torch.bfloat16))
+
+
+def test_the_backend_sends_bf16_decodes_to_the_kernel(monkeypatch):
+    calls = []
+    kernel = cpu_native.paged_decode
+    monkeypatch.setattr(cpu_native, "paged_decode", lambda *a: calls.append(a[0].dtype) or kernel(*a))
+    cache = torch.randn(2, 12, 16, 2, 32).to(torch.bfloat16)
+    meta = build_attn_metadata([1, 1], [20, 35], [[4, 5], [1, 2, 3]], 16, "cpu")
+    q, kv = torch.randn(2, 4, 32).to(torch.bfloat16), torch.randn(2, 2, 32).to(torch.bfloat16)
+    torch_backend.forward(q, kv, kv, cache, meta, 0.2)
+    assert calls == [torch.bfloat16]
+
+
 def test_a_query_viewed_out_of_a_wider_projection_is_read_through_its_stride():
     # The model's q is a view into [T, q heads + kv heads, d]: rows further apart than heads * d.
     q, cache, table, lens = make_decodes([9, 30, 2], 8, 4, 64, 16)

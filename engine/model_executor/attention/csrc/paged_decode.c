@@ -1,4 +1,6 @@
-/* Paged decode attention on the CPU, float32, for engine/model_executor/attention/cpu_native.py.
+/* Paged decode attention on the CPU, for engine/model_executor/attention/cpu_native.py: float32 queries
+ * and outputs, a float32 or bf16 cache (a bf16 block's rows are widened to float32 once, into a per-thread
+ * buffer, and both passes read them there).
  *
  * One query token per sequence reads its context where it lies in the paged cache
  * [num_blocks, block_size, kv_heads, head_size] (K and V separately). A work item is one sequence and
@@ -19,7 +21,7 @@
 static int omp_get_thread_num(void) { return 0; } /* built without OpenMP: one thread, pragmas ignored */
 #endif
 
-int stepscope_paged_decode_abi(void) { return 1; }
+int stepscope_paged_decode_abi(void) { return 2; }
 
 /* 16 floats: the compiler lowers it to one AVX-512 register, two AVX ones, or four NEON ones. */
 typedef float vf __attribute__((vector_size(64)));
@@ -120,37 +122,63 @@ static void weigh_rows_any(const float *p, const float *v, int64_t row_stride, i
         for (int d = 0; d < head_size; d++) acc[d] += p[r] * v[r * row_stride + d];
 }
 
-/* Ask for `rows` rows' first `span` floats, a cache line (16 floats) at a time. */
-static inline void prefetch_rows(const float *p, int64_t row_stride, int rows, int64_t span) {
+/* Ask for `rows` rows' first `span` bytes, a cache line (64 bytes) at a time. */
+static inline void prefetch_rows(const char *p, int64_t row_bytes, int rows, int64_t span) {
     for (int r = 0; r < rows; r++)
-        for (int64_t off = 0; off < span; off += 16) __builtin_prefetch(p + r * row_stride + off, 0, 3);
+        for (int64_t off = 0; off < span; off += 64) __builtin_prefetch(p + r * row_bytes + off, 0, 3);
 }
 
-static void decode_item(const float *q, const float *k_cache, const float *v_cache, const int32_t *table,
+/* A block's part of the cache as floats with its row stride: in place for a float32 cache; for a bf16
+ * one (its bits are a float32's top half) rows r0 .. r0+rows-1 widened into `tmp`, `span` floats a row. */
+typedef struct {
+    const char *base;   /* the cache */
+    int bf16;           /* element size 2 (bf16) or 4 (float32) */
+} cache_t;
+
+static inline const float *block_rows(cache_t c, int64_t off, int64_t row_stride, int rows, int64_t span,
+                                      float *tmp, int64_t *stride) {
+    if (!c.bf16) {
+        *stride = row_stride;
+        return (const float *)c.base + off;
+    }
+    const uint16_t *src = (const uint16_t *)c.base + off;
+    for (int r = 0; r < rows; r++) {
+        const uint16_t *s = src + r * row_stride;
+        uint32_t *d = (uint32_t *)(tmp + r * span);
+        for (int64_t i = 0; i < span; i++) d[i] = (uint32_t)s[i] << 16;
+    }
+    *stride = span;
+    return tmp;
+}
+
+static void decode_item(const float *q, cache_t k_cache, cache_t v_cache, const int32_t *table,
                         int seq_len, int num_heads, int num_kv_heads, int kv_first, int kv_count, int head_size,
-                        int block_size, float scale, float *out, float *scores, float *acc) {
+                        int block_size, float scale, float *out, float *scores, float *acc, float *rows_tmp) {
     const int group = num_heads / num_kv_heads;
     const int h_first = kv_first * group, h_count = kv_count * group;
     const int64_t row_stride = (int64_t)num_kv_heads * head_size;
     const int64_t block_stride = (int64_t)block_size * row_stride;
     const int num_blocks = (seq_len + block_size - 1) / block_size;
+    const int64_t elem = k_cache.bf16 ? 2 : 4, row_bytes = row_stride * elem;
     /* The part of a row this item reads starts at its first kv head's vector. Both passes go through a
      * block four rows at a time, every head at each, so its rows are read front to back; and they ask
      * for the same rows of the next block meanwhile, since blocks lie scattered and the hardware
-     * prefetcher stops at each one's end. On a Xeon (1 thread, 64 sequences of 150-350 tokens, GQA 8/4,
-     * head 64) one layer took 5.07 ms against 5.88 ms block by block, head by head, without prefetch. */
+     * prefetcher stops at each one's end. */
     const int64_t item_off = (int64_t)kv_first * head_size, span = (int64_t)kv_count * head_size;
     /* Pass 1: scores[h][t] = scale * q_h . k_t, a block at a time. */
     for (int b = 0; b < num_blocks; b++) {
-        const float *kblock = k_cache + table[b] * block_stride + item_off;
+        const int64_t boff = table[b] * block_stride + item_off;
         const int t0 = b * block_size, rows = seq_len - t0 < block_size ? seq_len - t0 : block_size;
-        const float *knext = b + 1 < num_blocks ? k_cache + table[b + 1] * block_stride + item_off : NULL;
+        const char *knext = b + 1 < num_blocks ? k_cache.base + (table[b + 1] * block_stride + item_off) * elem
+                                               : NULL;
+        int64_t rs;
+        const float *kblock = block_rows(k_cache, boff, row_stride, rows, span, rows_tmp, &rs);
         for (int r0 = 0; r0 < rows; r0 += 4) {
             const int n = rows - r0 < 4 ? rows - r0 : 4;
-            if (knext != NULL) prefetch_rows(knext + r0 * row_stride, row_stride, n, span);
+            if (knext != NULL) prefetch_rows(knext + r0 * row_bytes, row_bytes, n, span * elem);
             for (int hi = 0; hi < h_count; hi++)
                 score_rows_any(q + (int64_t)(h_first + hi) * head_size,
-                               kblock + r0 * row_stride + (int64_t)(hi / group) * head_size, row_stride, n,
+                               kblock + r0 * rs + (int64_t)(hi / group) * head_size, rs, n,
                                head_size, scale, scores + (int64_t)hi * seq_len + t0 + r0);
         }
     }
@@ -171,15 +199,18 @@ static void decode_item(const float *q, const float *k_cache, const float *v_cac
     /* Pass 2: acc[h] = sum_t p[h][t] * v_t */
     memset(acc, 0, sizeof(float) * (size_t)h_count * head_size);
     for (int b = 0; b < num_blocks; b++) {
-        const float *vblock = v_cache + table[b] * block_stride + item_off;
+        const int64_t boff = table[b] * block_stride + item_off;
         const int t0 = b * block_size, rows = seq_len - t0 < block_size ? seq_len - t0 : block_size;
-        const float *vnext = b + 1 < num_blocks ? v_cache + table[b + 1] * block_stride + item_off : NULL;
+        const char *vnext = b + 1 < num_blocks ? v_cache.base + (table[b + 1] * block_stride + item_off) * elem
+                                               : NULL;
+        int64_t rs;
+        const float *vblock = block_rows(v_cache, boff, row_stride, rows, span, rows_tmp, &rs);
         for (int r0 = 0; r0 < rows; r0 += 4) {
             const int n = rows - r0 < 4 ? rows - r0 : 4;
-            if (vnext != NULL) prefetch_rows(vnext + r0 * row_stride, row_stride, n, span);
+            if (vnext != NULL) prefetch_rows(vnext + r0 * row_bytes, row_bytes, n, span * elem);
             for (int hi = 0; hi < h_count; hi++)
                 weigh_rows_any(scores + (int64_t)hi * seq_len + t0 + r0,
-                               vblock + r0 * row_stride + (int64_t)(hi / group) * head_size, row_stride, n,
+                               vblock + r0 * rs + (int64_t)(hi / group) * head_size, rs, n,
                                head_size, acc + (int64_t)hi * head_size);
         }
     }
@@ -190,38 +221,42 @@ static void decode_item(const float *q, const float *k_cache, const float *v_cac
     }
 }
 
-/* q [num_seqs, num_heads, head_size] (rows q_seq_stride apart), out likewise (out_seq_stride);
- * block_tables [num_seqs, table_stride] int32; seq_lens [num_seqs] int32, each >= 1.
- * Returns 0, or -1 when its work buffer could not be allocated (nothing written then). */
-int stepscope_paged_decode_f32(const float *q, int64_t q_seq_stride, const float *k_cache, const float *v_cache,
-                               const int32_t *block_tables, int64_t table_stride, const int32_t *seq_lens,
-                               int num_seqs, int num_heads, int num_kv_heads, int head_size, int block_size,
-                               int kv_heads_per_item, float scale, float *out, int64_t out_seq_stride,
-                               int num_threads) {
+/* q [num_seqs, num_heads, head_size] float32 (rows q_seq_stride apart), out likewise (out_seq_stride);
+ * the caches float32 or, with cache_bf16, bf16; block_tables [num_seqs, table_stride] int32; seq_lens
+ * [num_seqs] int32, each >= 1. Returns 0, or -1 when its work buffer could not be allocated (nothing
+ * written then). */
+int stepscope_paged_decode(const float *q, int64_t q_seq_stride, const void *k_cache, const void *v_cache,
+                           int cache_bf16, const int32_t *block_tables, int64_t table_stride, const int32_t *seq_lens,
+                           int num_seqs, int num_heads, int num_kv_heads, int head_size, int block_size,
+                           int kv_heads_per_item, float scale, float *out, int64_t out_seq_stride, int num_threads) {
     const int splits = (num_kv_heads + kv_heads_per_item - 1) / kv_heads_per_item;
     const int items = num_seqs * splits;
     const int group = num_heads / num_kv_heads;
     int max_len = 0;
     for (int i = 0; i < num_seqs; i++) max_len = seq_lens[i] > max_len ? seq_lens[i] : max_len;
-    /* Per thread: scores [heads of an item][max_len], then the accumulators [heads of an item][head_size]. */
+    /* Per thread: scores [heads of an item][max_len], the accumulators [heads of an item][head_size], and
+     * for a bf16 cache one block's rows of the item widened [block_size][kv heads of an item * head_size]. */
     const size_t item_heads = (size_t)kv_heads_per_item * group;
-    const size_t per_thread = item_heads * ((size_t)max_len + (size_t)head_size);
+    const size_t widened = cache_bf16 ? (size_t)block_size * kv_heads_per_item * head_size : 0;
+    const size_t per_thread = item_heads * ((size_t)max_len + (size_t)head_size) + widened;
     if (num_threads < 1) num_threads = 1;
     float *buf = malloc(sizeof(float) * per_thread * (size_t)num_threads);
     if (buf == NULL) return -1;
+    const cache_t k = {(const char *)k_cache, cache_bf16}, v = {(const char *)v_cache, cache_bf16};
 #pragma omp parallel num_threads(num_threads)
     {
         float *scores = buf + per_thread * (size_t)omp_get_thread_num();
         float *acc = scores + item_heads * (size_t)max_len;
+        float *rows_tmp = acc + item_heads * (size_t)head_size;
 #pragma omp for schedule(dynamic, 1)
         for (int item = 0; item < items; item++) {
             const int seq = item / splits, split = item % splits;
             const int kv_first = split * kv_heads_per_item;
             const int kv_count = kv_first + kv_heads_per_item <= num_kv_heads ? kv_heads_per_item
                                                                               : num_kv_heads - kv_first;
-            decode_item(q + seq * q_seq_stride, k_cache, v_cache, block_tables + seq * table_stride, seq_lens[seq],
-                        num_heads, num_kv_heads, kv_first, kv_count, head_size, block_size, scale,
-                        out + seq * out_seq_stride, scores, acc);
+            decode_item(q + seq * q_seq_stride, k, v, block_tables + seq * table_stride, seq_lens[seq], num_heads,
+                        num_kv_heads, kv_first, kv_count, head_size, block_size, scale, out + seq * out_seq_stride,
+                        scores, acc, rows_tmp);
         }
     }
     free(buf);
