@@ -81,13 +81,14 @@ def torch_dtype(args) -> torch.dtype:
     return getattr(torch, resolve_dtype(args.dtype, args.device))
 
 
-def bench_transformers(args, prompts, outs, hf_config, model_dir,
-                       count_prompts: bool = False) -> tuple[float, list[list[int]]]:
-    """(median tok/s, each request's greedy tokens up to its own output length)."""
+def bench_transformers(args, prompts, outs, hf_config, model_dir, count_prompts: bool = False,
+                       dtype: torch.dtype | None = None) -> tuple[float, list[list[int]]]:
+    """(median tok/s, each request's greedy tokens up to its own output length), in the bench's dtype
+    unless `dtype` says otherwise."""
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(0)
-    dtype = torch_dtype(args)
+    dtype = dtype or torch_dtype(args)
     if model_dir is not None:
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
     else:
@@ -157,6 +158,10 @@ def case_decode(args, hf_config, model_dir) -> None:
         print(f"ratio: {ours / theirs:.2f}", flush=True)
         print(f"greedy agreement with transformers, first 32 tokens: {100 * agreement(our_out, their_out):.1f} %",
               flush=True)
+        if torch_dtype(args) != torch.float32:  # how far rounding alone moves this model's greedy tokens
+            wide = bench_transformers(args, prompts, outs, hf_config, model_dir, dtype=torch.float32)[1]
+            print(f"transformers {torch_dtype(args)} against its float32, first 32 tokens: "
+                  f"{100 * agreement(their_out, wide):.1f} %", flush=True)
 
 
 def case_prefill(args, hf_config, model_dir) -> None:
