@@ -224,12 +224,16 @@ def test_step_time_grows_with_context_tokens():
     assert times[0] < times[1] < times[2]
 
 
-@pytest.mark.parametrize("model,hardware", [("llama-3.1-8b", "h200"), ("qwen3-0.6b", "l4"), ("qwen2.5-7b", "a100")])
-def test_decode_step_times_are_step_time_of_each_decode_step_to_the_bit(model, hardware):
-    cm = RooflineCostModel.from_args(model=model, hardware=hardware)
+@pytest.mark.parametrize("model,hardware,tp,async_scheduling", [
+    ("llama-3.1-8b", "h200", 1, True), ("qwen3-0.6b", "l4", 1, False), ("qwen2.5-7b", "a100", 2, True),
+    ("llama-3.1-8b", "h100", 2, False)])
+def test_decode_step_times_are_step_time_of_each_decode_step_to_the_bit(model, hardware, tp, async_scheduling):
+    one_by_one, at_once = (RooflineCostModel.from_args(model=model, hardware=hardware, tp=tp,
+                                                       async_scheduling=async_scheduling) for _ in range(2))
     for n, context in [(1, 5), (7, 12_345), (256, 3_000_000)]:
-        expected = [cm.step_time(StepBatch(0, n, 0, n, context + n * j, 0.0), j) for j in range(200)]
-        assert cm.decode_step_times(n, context, 200) == expected
+        expected = [one_by_one.step_time(StepBatch(0, n, 0, n, context + n * j, 0.0), j) for j in range(200)]
+        assert at_once.decode_step_times(n, context, 200) == expected
+    assert (at_once.num_steps, at_once.steps_outside) == (one_by_one.num_steps, one_by_one.steps_outside)
 
 
 def test_h100_is_slower_than_h200_for_decode():

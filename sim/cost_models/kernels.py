@@ -154,11 +154,29 @@ class KernelSumCostModel(CostModelDefaults):
         tokens = batch.num_prefill_tokens + batch.num_decode_tokens
         if tokens == 0:
             return 0.0
-        self.num_steps += 1
         before = self.timer.outside
         fixed, inside = self._fixed(tokens, batch.num_prefill_seqs + batch.num_decode_seqs)
-        time = fixed + self.shape.num_layers * self._attention(batch)
-        if not inside or self.timer.outside != before:
+        return self._counted(fixed + self.shape.num_layers * self._attention(batch), inside, before)
+
+    def decode_device_times(self, num_seqs: int, context_tokens: int, count: int) -> list[float]:
+        """`device_time` of `count` consecutive decode-only steps of `num_seqs` sequences at one context
+        each (no skew), the first reading `context_tokens` and each next one `num_seqs` more: for such a
+        batch `_attention` is the timer's one shape, so the fixed part is looked up once and no batch is
+        built per step; the times are device_time's to the bit."""
+        n, layers, attention = num_seqs, self.shape.num_layers, self.timer.attention
+        fixed, inside = self._fixed(n, n)
+        out = []
+        for context in range(context_tokens, context_tokens + n * count, n):
+            before = self.timer.outside
+            out.append(self._counted(fixed + layers * attention(AttentionShape(0, 0, n, round(context / n))),
+                                     inside, before))
+        return out
+
+    def _counted(self, time: float, inside: bool, outside_before: int) -> float:
+        """`time`, with the step counted, and counted as outside the measured grid when its fixed kernels
+        were (`inside` False) or its attention was (the timer's count moved since `outside_before`)."""
+        self.num_steps += 1
+        if not inside or self.timer.outside != outside_before:
             self.steps_outside += 1
         return time
 

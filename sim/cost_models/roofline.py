@@ -152,9 +152,8 @@ class RooflineCostModel(KernelSumCostModel):
         """`step_time` of `count` consecutive decode-only steps, the first reading `context_tokens` of
         context and each next one `num_seqs` more: a decode run (sim.core.decode_runs) times its steps in one
         call. The roofline has no skew, so the context's sum is all it needs."""
-        n, step_time = num_seqs, self.step_time
-        return [step_time(StepBatch(0, n, 0, n, context, 0.0), 0)
-                for context in range(context_tokens, context_tokens + n * count, n)]
+        host = 0.0 if self.async_scheduling else self.host_time(StepBatch(0, num_seqs, 0, num_seqs))
+        return [StepTiming(device, host) for device in self.decode_device_times(num_seqs, context_tokens, count)]
 
     def num_gpu_blocks(self, block_size: int, gpu_memory_utilization: float = 0.9,
                        max_num_batched_tokens: int = 8192, kv_cache_memory: int | None = None) -> int:
