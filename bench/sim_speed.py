@@ -32,7 +32,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from engine.core import CacheConfig, SchedulerConfig  # noqa: E402
 from sim.cost_models.batch import StepBatch  # noqa: E402
-from sim.core.loop import Simulator  # noqa: E402
+from sim.core.simulator import Simulator  # noqa: E402
 from sim.report.summary import format_sim_summary, load_for_summary, sim_summary  # noqa: E402
 from sim.core.sources import open_source  # noqa: E402
 from sim.cost_models.base import CostModelDefaults, StepTiming  # noqa: E402

@@ -99,7 +99,7 @@ def build_configs(args: argparse.Namespace, source: Any, cost_model: Any) -> tup
             # Same KV memory as the traced engine, re-cut if the block size changed.
             blocks = max(2, int(cc["num_gpu_blocks"]) * int(cc.get("block_size") or block_size) // block_size)
             how = f"the source trace's KV cache ({cc['num_gpu_blocks']} blocks of {cc.get('block_size')} tokens)"
-        elif (blocks := cost_model.num_gpu_blocks(block_size, gpu_util)) is not None:
+        elif (blocks := cost_model.num_gpu_blocks(block_size, gpu_util, sched.max_num_batched_tokens)) is not None:
             how = f"{cost_model.name} cost model: memory left after weights at {gpu_util} utilization"
         else:
             blocks, how = DEFAULT_NUM_GPU_BLOCKS, "default"
@@ -134,7 +134,7 @@ def _simulate(args: argparse.Namespace, trace_dir: str, residual_seed: int | Non
     from engine.core.config import SchedulerConfig
     from sim.cost_models import get_cost_model
     from sim.cost_models.kernels import KernelSumCostModel
-    from sim.core.loop import Simulator
+    from sim.core.simulator import Simulator
     from sim.core.sources import open_source
     from traces.describe import describe_replay
 
@@ -171,8 +171,7 @@ def _simulate(args: argparse.Namespace, trace_dir: str, residual_seed: int | Non
         print(describe_replay(source.path, source.num_requests, meta, {"name": cost_model.name,
                                                                        **cost_model.describe()}, sched, cache))
     sim = Simulator(sched, cache, cost_model, trace_dir, meta, seed=args.seed or 0, vocab_size=args.vocab_size,
-                    follow_recorded=exact, overwrite=overwrite)
-    sim.recorder.set_trace_level(args.trace_level)
+                    follow_recorded=exact, trace_level=args.trace_level, overwrite=overwrite)
     return sim.run(source.requests, source.external_finishes, source.num_requests, progress=progress), cost_model
 
 
@@ -301,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0
     from sim.cost_models import CostModelError
-    from sim.core.loop import SimulationError
+    from sim.core.stepping import SimulationError
     from traces import TraceError
     from workloads import WorkloadError
 

@@ -7,11 +7,14 @@ import pytest
 
 import traces
 from engine.core.config import CacheConfig, SchedulerConfig
+from engine.core.kv_cache_manager import KVCacheManager
 from sim.core.cluster import Cluster, replica_summary
-from sim.core.loop import Simulator
-from sim.plan.command import base_requests
+from sim.core.stepping import SimulationError
+from sim.cli import main
+from sim.plan.command import PlanConfig, PlanSpec, base_rate, base_requests, run_at_rate
+from sim.plan.search import build_cluster_parts
 from sim.core.routers import make_router
-from sim.core.sources import SimRequest, open_source
+from sim.core.sources import SimRequest
 from traces.summary import summarize
 from workloads import DEFAULT_WORKLOAD, WORKLOADS_DIR
 from sim_helpers import FixedCost
@@ -37,19 +40,47 @@ def _replicas(result) -> list[int]:
 
 
 @pytest.mark.parametrize("async_scheduling", [False, True])
-def test_one_replica_cluster_reproduces_the_single_replica_simulator(tmp_path, async_scheduling):
-    sched, cache = _configs(blocks=300, max_num_seqs=8)
+def test_one_replica_plan_equals_sim_replay_step_for_step(tmp_path, async_scheduling):
+    """`sim plan`'s cluster at one replica and `sim replay` with the same flags make the same run: the
+    same steps, decisions and requests, under synchronous and async scheduling alike."""
+    spec = PlanSpec(workload=str(DEFAULT_WORKLOAD), slo="ttft_p99=10s", max_requests=60)
+    config = PlanConfig(max_model_len=4096, max_num_seqs=8, num_gpu_blocks=300, async_scheduling=async_scheduling)
+    reqs = base_requests(spec.workload, spec.max_requests, None, spec.vocab_size, config.max_model_len)
+    rate = base_rate(reqs) * 5
+    run_at_rate(spec, config, rate, str(tmp_path / "plan"))
+    assert main(["replay", spec.workload, "--cost-model", "roofline", "--model", config.model, "--hardware",
+                 config.hardware, "--max-requests", "60", "--time-scale", repr(base_rate(reqs) / rate),
+                 "--max-model-len", "4096", "--max-num-seqs", "8", "--num-gpu-blocks-override", "300",
+                 "--async-scheduling" if async_scheduling else "--no-async-scheduling", "--seed", "0",
+                 "--trace", str(tmp_path / "replay"), "--no-progress", "--json"]) == 0
+    plan, replay = traces.load(tmp_path / "plan"), traces.load(tmp_path / "replay")
+    assert plan.meta["config"]["scheduler"]["async_scheduling"] is async_scheduling
+    assert plan.steps["num_preempted"].sum() > 0 and plan.steps["num_waiting"].max() > 0
+    for table in ("steps", "decisions", "block_events", "requests"):
+        pd.testing.assert_frame_equal(getattr(plan, table), getattr(replay, table), check_exact=True)
+
+
+def test_replay_sizes_the_kv_cache_as_a_plan_with_the_same_flags(tmp_path):
+    """The activations reserved for a step's tokens come out of KV memory in both, per the token budget."""
+    config = PlanConfig(max_model_len=4096, max_num_batched_tokens=2048)
+    assert main(["replay", str(DEFAULT_WORKLOAD), "--cost-model", "roofline", "--max-requests", "2",
+                 "--max-model-len", "4096", "--max-num-batched-tokens", "2048", "--trace", str(tmp_path / "t"),
+                 "--no-progress", "--json"]) == 0
+    planned = build_cluster_parts(config)[1].num_gpu_blocks
+    assert traces.load(tmp_path / "t").meta["kv_cache"]["num_blocks"] == planned
+    assert build_cluster_parts(dataclasses.replace(config, max_num_batched_tokens=8192))[1].num_gpu_blocks < planned
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_waiting_requests_that_can_never_be_scheduled_end_the_run_with_a_simulation_error(monkeypatch,
+                                                                                         async_scheduling):
+    """A pool that never has room: every arrival gets one more step (nothing else can change the
+    answer), then the run ends with the reason instead of waiting forever."""
+    monkeypatch.setattr(KVCacheManager, "allocate_slots", lambda self, *args, **kwargs: None)
+    sched, cache = _configs()
     sched = dataclasses.replace(sched, async_scheduling=async_scheduling)
-    Simulator(sched, cache, FixedCost(), tmp_path / "single").run(
-        open_source(str(DEFAULT_WORKLOAD), limit=60, time_scale=0.2).requests)
-    Cluster(1, sched, cache, FixedCost(), "round_robin", trace_dir=tmp_path / "cluster").run(
-        open_source(str(DEFAULT_WORKLOAD), limit=60, time_scale=0.2).requests)
-    a, b = traces.load(tmp_path / "single"), traces.load(tmp_path / "cluster")
-    assert a.meta["config"]["scheduler"]["async_scheduling"] is async_scheduling
-    assert a.steps["num_preempted"].sum() > 0  # the scenario exercises preemption, not only easy steps
-    pd.testing.assert_frame_equal(a.steps, b.steps.drop(columns="replica"))
-    pd.testing.assert_frame_equal(a.requests.drop(columns=["prompt_token_ids", "output_token_ids"]),
-                                  b.requests.drop(columns=["prompt_token_ids", "output_token_ids", "replica"]))
+    with pytest.raises(SimulationError, match=r"^stalled at step 3 \(0\.030 s\): 3 waiting request\(s\) can never"):
+        Cluster(1, sched, cache, FixedCost()).run([_req(i, 0.01 * i) for i in range(3)])
 
 
 def test_cluster_trace_has_a_replica_column_and_cluster_wide_step_numbers(tmp_path):

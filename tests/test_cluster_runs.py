@@ -10,7 +10,7 @@ from engine.core.config import CacheConfig, SchedulerConfig
 from sim.core.cluster import Cluster
 from sim.core.cluster_runs import ReplicaRuns
 from sim.cost_models.roofline import RooflineCostModel
-from sim.core.loop import Simulator
+from sim.core.simulator import Simulator
 from sim.plan.search import MissWatch
 from sim.report.summary import parse_slo
 from sim.core.routers import ROUTERS

@@ -9,7 +9,7 @@ from engine.core.config import CacheConfig, SchedulerConfig
 from sim.cost_models.base import StepTiming
 from sim.cost_models.batch import StepBatch
 from sim.cost_models.roofline import RooflineCostModel
-from sim.core.loop import Simulator
+from sim.core.simulator import Simulator
 from sim.core.sources import open_source
 from workloads import DEFAULT_WORKLOAD
 from sim.cost_models.base import CostModelDefaults

@@ -7,7 +7,7 @@ import pytest
 
 from engine.core.config import CacheConfig, SchedulerConfig
 from sim.cost_models.intake import Intake, fit_intake, intake_samples
-from sim.core.loop import Simulator
+from sim.core.simulator import Simulator
 from sim.core.sources import SimRequest
 from sim_helpers import FixedCost
 import traces

@@ -11,7 +11,7 @@ from sim.cost_models.base import StepTiming
 from sim.cost_models.batch import StepBatch
 from sim.cli import main
 from sim.fidelity.compare import compare_traces
-from sim.core.loop import Simulator
+from sim.core.simulator import Simulator
 from sim.core.sources import open_source
 from workloads import DEFAULT_WORKLOAD
 from sim.cost_models.base import CostModelDefaults

@@ -5,7 +5,7 @@ replica on its own rows."""
 import pandas as pd
 import pytest
 
-import sim.core.loop
+import sim.core.stepping
 import traces
 from engine.core.config import CacheConfig, SchedulerConfig
 from engine.core.request import Request
@@ -13,7 +13,7 @@ from engine.core.sampling_params import SamplingParams
 from engine.core.sched_output import CachedRequestData, SchedulerOutput
 from sim.cost_models.batch import StepBatch, batch_from_output
 from sim.core.cluster import Cluster
-from sim.core.loop import Simulator
+from sim.core.simulator import Simulator
 from sim.core.runner import FIRST_TOKEN_ID, FakeModelRunner
 from sim.core.sources import open_source
 from traces.recorder import TraceRecorder
@@ -48,7 +48,7 @@ def _run(tmp_path, monkeypatch, async_scheduling: bool, check) -> None:
         seen.append(so)
         return batch
 
-    monkeypatch.setattr(sim.core.loop, "batch_from_output", checked)
+    monkeypatch.setattr(sim.core.stepping, "batch_from_output", checked)
     Simulator(sched, cache, FixedCost(), tmp_path / "trace").run(
         open_source(str(DEFAULT_WORKLOAD), limit=60, time_scale=0.2).requests)
     return seen
@@ -135,14 +135,11 @@ class RowsOnlyWriter:
 
 
 def test_rows_only_writer_gets_the_same_trace_as_the_buffered_one(tmp_path, monkeypatch):
-    import sim.core.loop as loop
-
     class RowsOnlySimulator(Simulator):
         def __init__(self, *a, **k):
             super().__init__(*a, **k)
-            self.recorder = TraceRecorder(RowsOnlyWriter(self.writer), self.scheduler,
-                                          snapshot_every=self.recorder.snapshot_every)
-            self.cycle.recorder = self.cycle_recorder = loop.CycleRecorder(self.recorder)
+            self.replica.attach(TraceRecorder(RowsOnlyWriter(self.cluster.writer), self.scheduler,
+                                              snapshot_every=self.recorder.snapshot_every))
 
     sched = SchedulerConfig(max_model_len=4096, max_num_seqs=8, max_num_batched_tokens=256)
     cache = CacheConfig(block_size=16, num_gpu_blocks=120)

@@ -12,7 +12,7 @@ from engine.core import ModelRunnerOutput, Request, RequestStatus, SamplingParam
 from sim.cost_models.base import CostModelDefaults, StepTiming
 from sim.cost_models.batch import StepBatch
 from sim.cli import main
-from sim.core.loop import Simulator
+from sim.core.simulator import Simulator
 from sim.core.sources import open_source
 from traces.recorder import TraceRecorder
 from traces.writer import TraceWriter

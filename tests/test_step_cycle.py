@@ -153,7 +153,7 @@ class _LinearCost(CostModelDefaults):
 
 def _simulate(tmp_path, async_scheduling: bool):
     import traces
-    from sim.core.loop import Simulator
+    from sim.core.simulator import Simulator
     from sim.core.sources import open_source
     from workloads import DEFAULT_WORKLOAD
 

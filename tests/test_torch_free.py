@@ -50,7 +50,7 @@ def test_every_module_of_the_torch_free_packages_imports_without_torch():
         "    for m in pkgutil.walk_packages(pkg.__path__, pkg.__name__ + '.'):\n"
         "        if not m.name.endswith('__main__'):\n"
         "            importlib.import_module(m.name); names.append(m.name)\n"
-        "print(len(names), 'sim.core.loop' in names, 'sim.cli' in names, 'tui.app' in names, 'traces.reader' in names)\n"
+        "print(len(names), 'sim.core.simulator' in names, 'sim.cli' in names, 'tui.app' in names, 'traces.reader' in names)\n"
     )
     res = _run(code)
     assert res.returncode == 0, res.stderr

@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from engine.core.config import CacheConfig, SchedulerConfig
-from sim.core.loop import Simulator
+from sim.core.simulator import Simulator
 from sim.core.sources import open_source
 from traces.arrowstream import _token_lists
 from traces.runs import GridSpec, RunSpec, merge_runs, runs_batch

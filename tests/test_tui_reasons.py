@@ -10,7 +10,7 @@ import pytest
 import traces
 from engine.core import CacheConfig, SchedulerConfig
 from sim.cost_models.base import StepTiming
-from sim.core.loop import Simulator
+from sim.core.simulator import Simulator
 from sim.core.sources import SimRequest
 from tui.app import StepscopeApp
 from tui.loader import open_trace

@@ -1,41 +1,40 @@
-"""N replicas behind a router on one simulated clock.
+"""The simulator's one loop: N engine replicas (sim.core.replica) behind a router on one simulated clock.
 
-Each replica is the single-replica simulator's parts: an `engine.core.Scheduler` (with its own KV cache
-manager and block pool), a `FakeModelRunner` and the shared cost model. One global discrete-event loop
+Each replica is an engine's parts: an `engine.core.Scheduler` (with its own KV cache manager and block
+pool), a `FakeModelRunner` and the shared cost model, driven by its step policy. One discrete-event loop
 moves the clock: the next event is either an arrival (routed at once, on the replicas' state at that
-time) or the end of some replica's step (`update_from_output` runs then, so finishes and freed blocks
-appear at the step's end). A replica adds what was routed to it at the start of its next step, exactly
-as the single-replica loop adds arrivals, so a one-replica cluster reproduces `Simulator` to the bit.
-Without a trace, a replica's decode-only stretches advance as runs (sim.core.cluster_runs), one event each.
+time) or a time some replica waits for (a step's end: `update_from_output` runs then, so finishes and
+freed blocks appear at the step's end; or a recorded step start, an idle engine's wake-up). A replica
+adds what was routed to it at the start of its next step, as the engine adds arrivals. `sim replay` is
+this loop with one replica (sim.core.simulator). Decode-only stretches advance as runs
+(sim.core.cluster_runs), one event each.
 
-Trace (optional): one directory for the whole cluster, the usual tables plus a `replica` column on
-every row. `step` numbers are cluster-wide (unique, in the order steps ended), so `steps` joins
-`decisions` as in a one-replica trace; block ids are per replica (filter on `replica` before rebuilding
-a block pool). `meta.json` gets a `cluster` entry: replicas, router, per-replica KV blocks. Without a
-trace directory the loop records nothing and the metrics come straight from the scheduler's requests.
+Trace (optional). One replica writes the engine's format. Several write one directory for the whole
+cluster, the usual tables plus a `replica` column on every row: `step` numbers are cluster-wide (unique,
+in the order steps ended), so `steps` joins `decisions` as in a one-replica trace; block ids are per
+replica (filter on `replica` before rebuilding a block pool); `meta.json` gets a `cluster` entry:
+replicas, router, per-replica KV blocks. Without a trace directory the loop records nothing and the
+metrics come straight from the scheduler's requests.
 """
 from __future__ import annotations
 
 import heapq
 import math
-from collections import deque
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 import pandas as pd
 
-from engine.core.async_scheduler import make_scheduler
 from engine.core.config import CacheConfig, SchedulerConfig
 from engine.core.request import Request
-from engine.core.step_cycle import StepCycle
-from sim.core.cluster_runs import ReplicaRuns
-from sim.cost_models.base import CostModel
-from sim.core.loop import CycleRecorder, SimulationError, fewer_collections, launch
+from sim.core.replica import Replica
 from sim.core.routers import Router, make_router
-from sim.core.runner import FakeModelRunner
 from sim.core.sources import SimRequest, make_request
+from sim.core.stepping import SimulationError, fewer_collections
+from sim.cost_models.base import CostModel
 from traces.recorder import TraceRecorder
 from traces.writer import TraceWriter
 
@@ -98,202 +97,153 @@ class RunWatch(Protocol):
     def in_flight(self, now: float, requests: Iterable[Request]) -> bool: ...
 
 
-class Replica:
-    """One engine replica: its scheduler, runner, inbox of routed requests and the step in flight."""
-
-    def __init__(self, index: int, cluster: Cluster, scheduler_config: SchedulerConfig,
-                 cache_config: CacheConfig, seed: int, vocab_size: int) -> None:
-        self.index = index
-        self.cluster = cluster
-        self.scheduler = make_scheduler(scheduler_config, cache_config, clock=cluster.clock)
-        self.runner = FakeModelRunner(seed, vocab_size, self.scheduler.requests)
-        self.cycle = StepCycle(self.scheduler, self.runner, cluster.clock,
-                               batch_queue_size=2 if scheduler_config.async_scheduling else 1)
-        self.ends: deque[float] = deque()  # async scheduling: when each step in flight ends on the device
-        self.device_free = 0.0
-        self.num_launched = 0
-        self.pool_map = self.scheduler.kv_cache_manager.block_pool.cached_block_hash_to_block
-        self.inbox: list[tuple[Request, SimRequest]] = []
-        self.added: list[Request] = []
-        self.live: dict[str, Request] = {}
-        self.recorder: TraceRecorder | None = None
-        self.cycle_recorder: CycleRecorder | None = None
-        self.runs: ReplicaRuns | None = None  # decode runs, where the cluster writes no trace
-        self.busy = False
-        self.in_run = False
-        self.stalled = False
-        self.num_steps = 0
-
-    # ---- what a router reads ----
-    @property
-    def num_outstanding(self) -> int:
-        s = self.scheduler
-        return len(self.inbox) + len(s.running) + len(s.waiting)
-
-    @property
-    def kv_usage(self) -> float:
-        return self.scheduler.kv_cache_manager.usage
-
-    def cached_prefix_blocks(self, block_hashes: Sequence[bytes]) -> int:
-        """How many leading blocks of a prompt this replica's prefix cache holds."""
-        table, n = self.pool_map, 0
-        for h in block_hashes:
-            if h not in table:
-                break
-            n += 1
-        return n
-
-    # ---- the step cycle ----
-    def has_work(self) -> bool:
-        s = self.scheduler
-        return bool(self.inbox) or bool(s.running) or bool(s.waiting) or s.has_pending_outputs()
-
-    def start_step(self, now: float, next_arrival: float | None = None) -> float | None:
-        """Add the inbox, schedule one step (or a decode run up to `next_arrival`, see sim.core.cluster_runs) and
-        launch it; returns when it ends (None: idle)."""
-        cycle, runner, cluster = self.cycle, self.runner, self.cluster
-        for req, sim_req in self.inbox:
-            runner.register(req.request_id, sim_req.output_token_ids)
-            cycle.add_request(req)
-            if req.is_finished():
-                runner.forget(req.request_id)
-            self.added.append(req)
-            if cluster.watch is not None:
-                if req.is_finished():
-                    cluster.stopped |= cluster.watch.ended(req)
-                else:
-                    self.live[req.request_id] = req
-        self.inbox.clear()
-        if cycle.batch_queue_size > 1:
-            return self._launch(now)
-        if not (self.scheduler.running or cycle.has_work()):
-            return None
-        self.busy = True
-        if self.runs is not None:
-            done, end = self.runs.advance(now, self.num_steps, next_arrival)
-            if done:
-                self.in_run = True
-                self.num_steps += done
-                cycle.count_decode_run(done)
-                cluster.num_steps += done
-                return end
-        return now + launch(cycle, cluster.cost_model, self.num_steps, self.cycle_recorder)[1].total
-
-    def _launch(self, now: float) -> float | None:
-        """Async scheduling, in the order of `sim.core.loop.Simulator._loop_async` (vLLM's batch queue): schedule
-        while the queue has room and there is work, each step running on the device once the one before it
-        ends; returns when the oldest step in flight ends (None: idle)."""
-        cycle = self.cycle
-        while cycle.has_work() and len(cycle.in_flight) < cycle.batch_queue_size:
-            so, timing = launch(cycle, self.cluster.cost_model, self.num_launched, self.cycle_recorder)
-            self.device_free = max(now, self.device_free) + timing.total
-            self.num_launched += 1
-            self.ends.append(self.device_free)
-            if not cycle.may_schedule_ahead(so):
-                break
-        if not self.ends:
-            return None
-        self.busy = True
-        return self.ends[0]
-
-    def finish_step(self) -> None:
-        """The step's end: apply its outputs, record it, and notice a replica that can never progress."""
-        self.busy = False
-        if self.in_run:  # a run's steps were applied as it began
-            self.in_run = False
-            return
-        if self.ends:
-            self.ends.popleft()
-        if self.recorder is not None:
-            self.recorder.step = self.cluster.num_steps
-        so, outputs = self.cycle.finish()
-        self.cluster.num_steps += 1
-        self.num_steps += 1
-        forget, watch = self.runner.forget, self.cluster.watch
-        for out in outputs.outputs:
-            if out.finish_reason is not None:
-                forget(out.request_id)
-                req = self.live.pop(out.request_id, None)  # a rejected request was watched when added
-                if watch is not None and req is not None and watch.ended(req):
-                    self.cluster.stopped = True
-        if self.cycle.did_nothing(so, outputs) and not self.cycle.in_flight:
-            self.stalled = True
-
-
 @dataclass(slots=True, kw_only=True)
 class ClusterResult:
-    requests: pd.DataFrame
+    requests: pd.DataFrame | None
     num_steps: int
     sim_time: float
     trace_dir: Path | None
     stopped: bool = False
+    num_requests: int = 0
+    wall_time: float = 0.0
+    interrupted: bool = False
 
 
 class Cluster:
-    """Build once per run; `run(requests)` routes and simulates every request to completion."""
+    """Build once per run; `run(requests)` routes and simulates every request to completion.
+
+    One replica writes the single-engine trace (its own step numbers and block snapshots, no `replica`
+    column), so a replay and a one-replica plan are the same run. `follow_recorded` makes a recorded
+    replay follow the recording's step starts (one replica only)."""
 
     def __init__(self, num_replicas: int, scheduler_config: SchedulerConfig, cache_config: CacheConfig,
                  cost_model: CostModel, router: Router | str = "round_robin", trace_dir: str | Path | None = None,
                  meta: dict[str, Any] | None = None, seed: int = 0, vocab_size: int = 32000,
-                 trace_level: str = "full", decode_runs: bool = True, overwrite: bool = False) -> None:
+                 trace_level: str = "full", decode_runs: bool = True, overwrite: bool = False,
+                 follow_recorded: bool = False, snapshot_every: int | None = None, flush_every: int = 1024,
+                 keep_requests: bool = True) -> None:
         if num_replicas < 1:
             raise ValueError(f"replicas: must be >= 1, got {num_replicas}")
+        if follow_recorded and num_replicas > 1:
+            raise ValueError("a recorded replay follows one engine's steps: it runs on one replica")
         self.now = 0.0
         self.num_steps = 0
+        self.num_added = 0
+        self.next_arrival: float | None = None
         self.watch: RunWatch | None = None
         self.stopped = False
+        self._bar: Any = None
         self.cost_model = cost_model
         self.router = make_router(router, seed) if isinstance(router, str) else router
         self.block_size = cache_config.block_size if cache_config.enable_prefix_caching else None
-        self.replicas = [Replica(i, self, scheduler_config, cache_config, seed, vocab_size)
-                         for i in range(num_replicas)]
+        step_start = cost_model.step_start if follow_recorded else None
+        # How the engine takes in arrivals when idle (calibrated profiles measure it); not in recorded replays.
+        intake = cost_model.intake if step_start is None else None
+        self.replicas = [Replica(i, self, scheduler_config, cache_config, seed, vocab_size, step_start, intake,
+                                 keep_requests) for i in range(num_replicas)]
         self.trace_dir = Path(trace_dir) if trace_dir is not None else None
         self.writer: TraceWriter | None = None
+        # Several replicas number their steps cluster-wide, in the order they end; one numbers its own.
+        self.numbers_steps = self.trace_dir is not None and num_replicas > 1
         if self.trace_dir is not None:
-            full = {"source": "sim", **(meta or {}), "cost_model": {"name": cost_model.name, **cost_model.describe()},
-                    "seed": seed, "trace_level": trace_level,
-                    "cluster": {"replicas": num_replicas, "router": self.router.name, "replica_column": REPLICA_COLUMN,
-                                "kv_blocks_per_replica": cache_config.num_gpu_blocks}}
-            full.setdefault("config", {}).update(
-                {"scheduler": scheduler_config.to_dict(), "cache": cache_config.to_dict()})
-            self.writer = TraceWriter(self.trace_dir, full, flush_every=1024, extra_int_columns=(REPLICA_COLUMN,),
-                                      overwrite=overwrite)
+            self._open_trace(scheduler_config, cache_config, meta, seed, trace_level, overwrite, snapshot_every, flush_every)
+        runs = decode_runs and not scheduler_config.async_scheduling and step_start is None
+        if runs and not self.numbers_steps:
             for r in self.replicas:
-                # Cluster-wide step numbers would make per-replica snapshots land at random steps: keep only step 0's.
-                r.recorder = TraceRecorder(_ReplicaWriter(self.writer, r.index), r.scheduler,
-                                           snapshot_every=1 << 62, trace_level=trace_level)
-                r.cycle.recorder = r.cycle_recorder = CycleRecorder(r.recorder)
-        elif decode_runs and not scheduler_config.async_scheduling:
-            for r in self.replicas:
-                r.runs = ReplicaRuns(r.scheduler, r.runner, cost_model)
+                r.take_runs()
+
+    def _open_trace(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig, meta: dict[str, Any] | None,
+                    seed: int, trace_level: str, overwrite: bool, snapshot_every: int | None,
+                    flush_every: int) -> None:
+        cost_model = self.cost_model
+        full = {"source": "sim", **(meta or {}), "cost_model": {"name": cost_model.name, **cost_model.describe()},
+                "seed": seed}
+        full.setdefault("config", {}).update({"scheduler": scheduler_config.to_dict(), "cache": cache_config.to_dict()})
+        if not self.numbers_steps:
+            self.writer = TraceWriter(self.trace_dir, full, flush_every=flush_every, overwrite=overwrite)
+            # A snapshot lists every held or cached block, up to the whole pool: space them out in proportion
+            # to the pool so they add at most half a row per step (the engine's 1024 is for small pools).
+            every = snapshot_every or max(1024, 2 * cache_config.num_gpu_blocks)
+            r = self.replicas[0]
+            r.attach(TraceRecorder(self.writer, r.scheduler, snapshot_every=every, trace_level=trace_level))
+            return
+        full["cluster"] = {"replicas": len(self.replicas), "router": self.router.name, "replica_column": REPLICA_COLUMN,
+                           "kv_blocks_per_replica": cache_config.num_gpu_blocks}
+        self.writer = TraceWriter(self.trace_dir, full, flush_every=flush_every, extra_int_columns=(REPLICA_COLUMN,),
+                                  overwrite=overwrite)
+        for r in self.replicas:
+            # Cluster-wide step numbers would make per-replica snapshots land at random steps: keep only step 0's.
+            r.attach(TraceRecorder(_ReplicaWriter(self.writer, r.index), r.scheduler, snapshot_every=1 << 62,
+                                   trace_level=trace_level))
 
     def clock(self) -> float:
         return self.now
 
-    def run(self, requests: Iterable[SimRequest], watch: RunWatch | None = None) -> ClusterResult:
+    def ended(self, req: Request) -> None:
+        """A request ended (finished, rejected): the watch may have its verdict, the progress bar moves."""
+        if self.watch is not None and self.watch.ended(req):
+            self.stopped = True
+        if self._bar is not None:
+            self._bar.update(1)
+
+    def run(self, requests: Iterable[SimRequest], watch: RunWatch | None = None,
+            external_finishes: dict[int, list[tuple[str, str]]] | None = None, total: int | None = None,
+            progress: bool = False) -> ClusterResult:
         """`watch` sees every request as it ends (finished, rejected) and, every `watch.interval` simulated
         seconds, those still in flight; once it answers True the run stops there (a search that already
-        knows the verdict), leaving later requests unfinished."""
+        knows the verdict), leaving later requests unfinished. `external_finishes` (one replica): aborts
+        and stop strings a recorded run applied before the step of that index. Ctrl-C ends the run where
+        it is, its trace closed and readable (`interrupted`)."""
+        if watch is not None and self.writer is not None:
+            raise ValueError("a watched run stops early: it writes no trace")
+        if external_finishes and len(self.replicas) > 1:
+            raise ValueError("external finishes are one engine's: they apply to one replica")
         self.watch = watch
+        if external_finishes:
+            self.replicas[0].external.update(external_finishes)
+        wall0 = time.perf_counter()
+        interrupted = False
+        if progress:
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=total, desc="sim", unit="req", dynamic_ncols=True, mininterval=0.5)
         with fewer_collections():
             try:
                 self._loop(iter(requests))
+            except KeyboardInterrupt:
+                interrupted = True
             finally:
-                if self.writer is not None:
-                    for r in self.replicas:
-                        r.recorder.close()
-                    self.writer.close(num_steps=self.num_steps, sim_time=self.now)
-        return ClusterResult(requests=self.request_table(), num_steps=self.num_steps, sim_time=self.now,
-                             trace_dir=self.trace_dir, stopped=self.stopped)
+                if self._bar is not None:
+                    self._bar.close()
+                wall = time.perf_counter() - wall0
+                self._close_trace(wall, interrupted)
+        steps = self.replicas[0].recorder.step if self.writer is not None and not self.numbers_steps else self.num_steps
+        return ClusterResult(requests=self.request_table(), num_steps=steps, sim_time=self.now, trace_dir=self.trace_dir,
+                             stopped=self.stopped, num_requests=self.num_added, wall_time=wall, interrupted=interrupted)
 
-    def _loop(self, stream: Iterable[SimRequest]) -> None:
+    def _close_trace(self, wall: float, interrupted: bool) -> None:
+        if self.writer is None:
+            return
+        if not self.numbers_steps:
+            self.replicas[0].recorder.close(sim_time=self.now, wall_time=wall, interrupted=interrupted)
+            return
+        for r in self.replicas:
+            r.recorder.close()
+        self.writer.close(num_steps=self.num_steps, sim_time=self.now, wall_time=wall, interrupted=interrupted)
+
+    def _loop(self, stream: Iterator[SimRequest]) -> None:
+        """The one event loop: a replica's step ends first (its outputs applied), then what arrives at
+        that instant is routed, then the replicas due then or handed a request go on with their policy."""
         replicas, route, block_size = self.replicas, self.router.route, self.block_size
         events: list[tuple[float, int]] = []
         nxt = next(stream, None)
+        self.next_arrival = nxt.add_time if nxt is not None else None
         inf = math.inf
         watch = self.watch
         interval = watch.interval if watch is not None else None
         next_look = interval if interval is not None else inf
+        for r in replicas:
+            self._resume(r, None, events)
         while True:
             t_arrival = nxt.add_time if nxt is not None else inf
             t_end = events[0][0] if events else inf
@@ -309,40 +259,50 @@ class Cluster:
                 next_look += interval
                 continue
             self.now = t
-            touched: list[Replica] = []
-            # Step ends first: a request arriving exactly then is added to that replica's next step.
+            due: list[Replica] = []
             while events and events[0][0] <= t:
                 r = replicas[heapq.heappop(events)[1]]
-                r.finish_step()
-                touched.append(r)
+                if r.stepping:
+                    r.finish_step()
+                due.append(r)
             while nxt is not None and nxt.add_time <= t:
                 req = make_request(nxt, block_size)
                 r = replicas[route(req, replicas)]
                 r.inbox.append((req, nxt))
-                r.stalled = False
-                touched.append(r)
+                if r.idle:
+                    r.idle = False
+                    due.append(r)
                 nxt = next(stream, None)
-            for r in touched:
-                if not r.busy and not r.stalled:
-                    end = r.start_step(t, nxt.add_time if nxt is not None else None)
-                    if end is not None:
-                        heapq.heappush(events, (end, r.index))
+            self.next_arrival = nxt.add_time if nxt is not None else None
+            for r in due:
+                self._resume(r, t, events)
 
         stuck = [r for r in replicas if r.scheduler.waiting or r.scheduler.running]
         if stuck:
             r = stuck[0]
-            raise SimulationError(f"replica {r.index} stalled at {self.now:.3f} s: {len(r.scheduler.waiting)} waiting "
-                                  "request(s) can never be scheduled with this KV cache")
+            where = f"replica {r.index} " if len(replicas) > 1 else ""
+            raise SimulationError(f"{where}stalled at step {r.num_steps} ({r.now:.3f} s): {len(r.scheduler.waiting)} "
+                                  "waiting request(s) can never be scheduled with this KV cache")
 
-    def request_table(self) -> pd.DataFrame:
-        """One row per request, the trace's `requests` columns that metrics need plus `replica`."""
+    def request_table(self) -> pd.DataFrame | None:
+        """One row per request, the trace's `requests` columns that metrics need plus `replica` (None where
+        the replicas keep no requests: the trace has them)."""
         rows = []
         for r in self.replicas:
+            if r.added is None:
+                return None
             for q in r.added:
                 rows.append((q.request_id, q.arrival_time, q.queued_time, q.first_scheduled_time, q.first_token_time,
                              q.finished_time, q.num_prompt_tokens, q.num_output_tokens, max(q.num_cached_tokens, 0),
                              q.num_preemptions, q.get_finish_reason(), q.error, r.index))
         return pd.DataFrame(rows, columns=list(REQUEST_METRIC_COLUMNS))
+
+    @staticmethod
+    def _resume(r: Replica, t: float | None, events: list[tuple[float, int]]) -> None:
+        """Let a replica's policy go on at `t` until it waits again: for a time (an event), or for a request."""
+        wait = r.policy.send(t)
+        if wait is not None:
+            heapq.heappush(events, (wait, r.index))
 
 
 def replica_summary(requests: pd.DataFrame) -> pd.DataFrame:

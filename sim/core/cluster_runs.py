@@ -13,8 +13,9 @@ a step by its batch and step index, whatever order it is asked in):
   (`engine.core.decode_run.rewind_decode_steps`): the tokens they appended and their count, which is
   what the results read; the blocks they took stay held, since the stopped cluster steps no further.
 
-Runs are used only where the cluster writes no trace (what `sim plan`'s searches run): a trace numbers
-steps cluster-wide in the order they end, and a run's steps interleave with other replicas' steps.
+A cluster of several replicas takes runs only where it writes no trace (what `sim plan`'s searches run): its
+trace numbers steps cluster-wide in the order they end, and a run's steps interleave with other replicas'
+steps. A single replica's trace numbers its own steps, and its runs record into it.
 """
 from __future__ import annotations
 
@@ -23,8 +24,9 @@ from bisect import bisect_right
 from engine.core.decode_run import rewind_decode_steps
 from engine.core.scheduler import Scheduler
 from sim.cost_models.base import CostModel
-from sim.core.decode_runs import DecodeRuns
+from sim.core.decode_runs import MAX_RUN, DecodeRuns
 from sim.core.runner import FakeModelRunner
+from traces.recorder import TraceRecorder
 
 
 class RunLog:
@@ -50,22 +52,27 @@ class RunLog:
 
 
 class ReplicaRuns:
-    """One replica's decode runs: `advance` where its scheduler is ready for one, `rewind` at a stop."""
+    """One replica's decode runs: `advance` where its scheduler is ready for one, `rewind` at a stop.
+    Runs record into the replica's trace where it writes one, else into a `RunLog`, which a rewind reads."""
 
-    def __init__(self, scheduler: Scheduler, runner: FakeModelRunner, cost_model: CostModel) -> None:
-        self.log = RunLog()
-        self.runs = DecodeRuns(scheduler, runner, self.log, cost_model)
+    def __init__(self, scheduler: Scheduler, runner: FakeModelRunner, cost_model: CostModel,
+                 recorder: TraceRecorder | None = None) -> None:
+        self.log = RunLog() if recorder is None else None
+        self.runs = DecodeRuns(scheduler, runner, recorder or self.log, cost_model)
         self.requests = scheduler.requests
 
-    def advance(self, now: float, step: int, next_arrival: float | None) -> tuple[int, float]:
+    def advance(self, now: float, step: int, next_arrival: float | None, max_steps: int = MAX_RUN) -> tuple[int, float]:
         """A run from `now` (the replica's step `step`) up to the next arrival; (0, now) where the replica
         is not in a decode-only stretch."""
         if not self.runs.ready():
             return 0, now
-        return self.runs.advance(now, step, next_arrival)
+        return self.runs.advance(now, step, next_arrival, max_steps)
 
     def rewind(self, t: float) -> int:
-        """Take back the last run's steps that end after `t` from its requests; returns how many."""
+        """Take back the last run's steps that end after `t` from its requests; returns how many (a run
+        recorded into a trace is not taken back: a traced run is never stopped by a watch)."""
+        if self.log is None:
+            return 0
         ends = self.log.ends
         k = len(ends) - bisect_right(ends, t)
         if k:

@@ -166,7 +166,7 @@ def plan(args: Any) -> int:
 def main_plan(argv: list[str]) -> int:
     """`sim plan ...`; bad input is one line on stderr and exit status 2."""
     from sim.cost_models import CostModelError
-    from sim.core.loop import SimulationError
+    from sim.core.stepping import SimulationError
     from workloads import WorkloadError
 
     parser = _parser()

@@ -284,7 +284,7 @@ class ConfigResult:
 
 def evaluate_config(spec: PlanSpec, config: PlanConfig) -> ConfigResult:
     """Max rate within the SLOs for one configuration, with every simulated point (for plots)."""
-    from sim.core.loop import SimulationError
+    from sim.core.stepping import SimulationError
     from traces.summary import rejections
 
     slos = parse_slo(spec.slo)
@@ -328,7 +328,7 @@ def sampled_max_rates(spec: PlanSpec, config: PlanConfig, nominal: float, slos: 
                       num_requests: int) -> dict[str, Any]:
     """The max rate again under `spec.samples` seeded draws of the measured step-time scatter, each search
     started at the nominal answer (a few simulations each): median and p5-p95 of the max rate."""
-    from sim.core.loop import SimulationError
+    from sim.core.stepping import SimulationError
     from sim.fidelity.samples import interval
 
     rates = []

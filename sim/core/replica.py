@@ -1,0 +1,273 @@
+"""One engine replica on the simulated clock, and its step policy, written once.
+
+A replica is the engine's parts (`engine.core`'s scheduler with its KV cache manager and block pool, a
+`StepCycle`, a `FakeModelRunner`) with a clock of its own. Its policy, `steps`, is a generator that reads
+as the engine's loop: take in what has arrived, schedule and launch a step, wait for it to end, apply it.
+Where it waits it yields the simulated time it waits for (None: until a request is routed to it), and
+the cluster's event loop (sim.core.cluster) resumes it then; a step's end is applied by `finish_step`,
+which the loop calls before it routes the arrivals of that instant, so a router reads the replica as it
+is after the step.
+
+The policy knows what a recorded replay and a calibrated profile know of the engine's loop: the recorded
+start of each step (`step_start`), aborts and stop strings that came from outside the scheduler between
+steps (`external`), and how an idle engine takes in a burst (`sim.cost_models.intake`).
+"""
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Generator, Sequence
+from typing import TYPE_CHECKING
+
+from engine.core.async_scheduler import make_scheduler
+from engine.core.config import CacheConfig, SchedulerConfig
+from engine.core.outputs import EngineCoreOutputs
+from engine.core.request import Request, RequestStatus
+from engine.core.sched_output import SchedulerOutput
+from engine.core.step_cycle import StepCycle
+from sim.core.cluster_runs import ReplicaRuns
+from sim.core.decode_runs import MAX_RUN
+from sim.core.runner import FakeModelRunner
+from sim.core.sources import SimRequest
+from sim.core.stepping import CycleRecorder, launch
+from sim.cost_models.intake import Intake
+from traces.recorder import TraceRecorder
+
+if TYPE_CHECKING:
+    from sim.core.cluster import Cluster
+
+_FINISH_STATUS = {"stop": RequestStatus.FINISHED_STOPPED, "length": RequestStatus.FINISHED_LENGTH_CAPPED}
+
+# What the policy yields: the simulated time it waits for, or None to wait for a routed request.
+Wait = float | None
+
+
+class Replica:
+    """One engine replica: its scheduler, runner, inbox of routed requests and step policy."""
+
+    def __init__(self, index: int, cluster: Cluster, scheduler_config: SchedulerConfig,
+                 cache_config: CacheConfig, seed: int, vocab_size: int,
+                 step_start: Callable[[int], float | None] | None = None, intake: Intake | None = None,
+                 keep_requests: bool = True) -> None:
+        self.index = index
+        self.cluster = cluster
+        self.now = 0.0
+        self.scheduler = make_scheduler(scheduler_config, cache_config, clock=self.clock)
+        self.runner = FakeModelRunner(seed, vocab_size, self.scheduler.requests)
+        self.cycle = StepCycle(self.scheduler, self.runner, self.clock,
+                               batch_queue_size=2 if scheduler_config.async_scheduling else 1)
+        self.step_start = step_start
+        self.intake = intake
+        self.pool_map = self.scheduler.kv_cache_manager.block_pool.cached_block_hash_to_block
+        self.inbox: list[tuple[Request, SimRequest]] = []
+        self.added: list[Request] | None = [] if keep_requests else None
+        self.live: dict[str, Request] = {}
+        self.external: dict[int, list[tuple[str, str]]] = {}
+        self.recorder: TraceRecorder | None = None
+        self.cycle_recorder: CycleRecorder | None = None
+        self.runs: ReplicaRuns | None = None
+        self.num_steps = 0
+        self.stepping = False  # the time it waits for ends a step: the cluster applies it with `finish_step`
+        self.idle = False  # waiting for a routed request
+        self.last: tuple[SchedulerOutput, EngineCoreOutputs] | None = None
+        self.policy: Generator[Wait, float, None] = self.steps()
+
+    def clock(self) -> float:
+        return self.now
+
+    def attach(self, recorder: TraceRecorder) -> None:
+        """Record this replica's steps (its cycle's recorder times each step by the cost model's split),
+        its decode runs included."""
+        self.recorder = recorder
+        self.cycle.recorder = self.cycle_recorder = CycleRecorder(recorder)
+        if self.runs is not None:
+            self.take_runs()
+
+    def take_runs(self) -> None:
+        """Advance decode-only stretches as runs (sim.core.cluster_runs), recorded where this replica records."""
+        self.runs = ReplicaRuns(self.scheduler, self.runner, self.cluster.cost_model, self.recorder)
+
+    # ---- what a router reads ----
+    @property
+    def num_outstanding(self) -> int:
+        s = self.scheduler
+        return len(self.inbox) + len(s.running) + len(s.waiting)
+
+    @property
+    def kv_usage(self) -> float:
+        return self.scheduler.kv_cache_manager.usage
+
+    def cached_prefix_blocks(self, block_hashes: Sequence[bytes]) -> int:
+        """How many leading blocks of a prompt this replica's prefix cache holds."""
+        table, n = self.pool_map, 0
+        for h in block_hashes:
+            if h not in table:
+                break
+            n += 1
+        return n
+
+    # ---- requests in and out ----
+    def _take_inbox(self) -> None:
+        """Add what was routed here, as the engine adds arrivals: the clock at each add is its arrival
+        if that is later (the scheduler stamps `queued` with it)."""
+        inbox, self.inbox = self.inbox, []
+        for req, sim_req in inbox:
+            if sim_req.add_time > self.now:
+                self.now = sim_req.add_time
+            self.add(req, sim_req)
+
+    def add(self, req: Request, sim_req: SimRequest) -> None:
+        self.runner.register(req.request_id, sim_req.output_token_ids)
+        self.cycle.add_request(req)
+        self.cluster.num_added += 1
+        if self.added is not None:
+            self.added.append(req)
+        if req.is_finished():  # rejected: done, though never in finished_req_ids
+            self.runner.forget(req.request_id)
+            self.cluster.ended(req)
+        else:
+            self.live[req.request_id] = req
+
+    def finish_external(self, items: list[tuple[str, str]]) -> None:
+        """Aborts and stop strings recorded between steps: end them as the engine's frontend did."""
+        by_status: dict[RequestStatus, list[str]] = {}
+        for rid, reason in items:
+            by_status.setdefault(_FINISH_STATUS.get(reason, RequestStatus.FINISHED_ABORTED), []).append(rid)
+        for status, rids in by_status.items():
+            freed = self.scheduler.finish_requests(rids, status)
+            if self.recorder is not None:
+                self.recorder.on_abort(freed)
+            for rid in rids:
+                self.runner.forget(rid)
+                self.live.pop(rid, None)
+
+    def finish_step(self) -> None:
+        """The step's end: apply its outputs, record it, and let the runner forget what ended."""
+        self.stepping = False
+        cluster = self.cluster
+        if self.recorder is not None and cluster.numbers_steps:
+            self.recorder.step = cluster.num_steps
+        self.last = so, outputs = self.cycle.finish()
+        cluster.num_steps += 1
+        self.num_steps += 1
+        forget, live = self.runner.forget, self.live
+        for out in outputs.outputs:
+            if out.finish_reason is not None:
+                forget(out.request_id)
+                req = live.pop(out.request_id, None)  # a rejected request ended when added
+                if req is not None:
+                    cluster.ended(req)
+
+    # ---- the step policy ----
+    def steps(self) -> Generator[Wait, float, None]:
+        return self._steps_async() if self.cycle.batch_queue_size > 1 else self._steps_sync()
+
+    def _steps_sync(self) -> Generator[Wait, float, None]:
+        """Synchronous scheduling: one step at a time, each starting when the last ended (or at its
+        recorded start, if later), decode-only stretches taken as runs where the replica has them."""
+        cycle, sched, cluster = self.cycle, self.scheduler, self.cluster
+        step_start, intake, external = self.step_start, self.intake, self.external
+        per_request = intake.per_request_s if intake is not None else 0.0
+        woke, cold = False, 0.0
+        while True:
+            step = self.num_steps
+            if external and step in external:
+                self.finish_external(external.pop(step))
+            start = self.now
+            if step_start is not None:
+                hinted = step_start(step)
+                if hinted is not None and hinted > start:
+                    start = hinted
+            if start > cluster.now:  # what arrives until then is added; what arrives while adding waits a step
+                yield start
+            if woke:  # each add after an idle wake-up delays the step (sim.cost_models.intake)
+                for item in self._drain():
+                    self.add(*item)
+                    self.now = start = start + per_request
+                woke = False
+            else:
+                self._take_inbox()
+            if cold:  # the run's first add is cold: what arrives meanwhile waits a step (sim.cost_models.intake)
+                start, cold = start + cold, 0.0
+            self.now = start
+            if not (sched.running or cycle.has_work()):  # anything running is work: skip the queue checks
+                self.now = max(start, (yield from self._next_request()))
+                if intake is not None:
+                    look, cold = intake.wake()
+                    self.now += look
+                    woke = True
+                continue
+            if self.runs is not None:
+                done, end = self.runs.advance(start, step, cluster.next_arrival, self._run_limit(step))
+                if done:
+                    self.now = end
+                    self.num_steps += done
+                    cycle.count_decode_run(done)
+                    cluster.num_steps += done
+                    continue
+            self.now = start + launch(cycle, cluster.cost_model, step, self.cycle_recorder)[1].total
+            self.stepping = True
+            yield self.now
+            so, outputs = self.last
+            if cycle.did_nothing(so, outputs) and not (step_start is not None and step_start(step + 1) is not None):
+                # Nothing ran and nothing can until a request arrives here: wait for one.
+                self.now = max(self.now, (yield from self._next_request()))
+
+    def _steps_async(self) -> Generator[Wait, float, None]:
+        """Async scheduling in vLLM's batch-queue order: the next step is scheduled as soon as the one before
+        it is launched (host time hidden behind device time, as the engine hides it), runs on the device
+        when that one ends, and its outputs apply at its own end. A recorded replay schedules each step no
+        earlier than it was recorded, so the same arrivals are in before it; external finishes apply
+        after the step they followed."""
+        cycle, cluster = self.cycle, self.cluster
+        step_start, intake, external = self.step_start, self.intake, self.external
+        ends: deque[float] = deque()
+        device_free = 0.0
+        launched = 0
+        cold = 0.0
+        while True:
+            if external and cycle.num_steps in external:
+                self.finish_external(external.pop(cycle.num_steps))
+            if step_start is not None and (hinted := step_start(launched)) is not None and hinted > self.now:
+                nxt = cluster.next_arrival
+                if cycle.has_work() or self.inbox or (nxt is not None and nxt <= hinted):
+                    self.now = hinted
+            if self.now > cluster.now:
+                yield self.now
+            self._take_inbox()
+            self.now, cold = self.now + cold, 0.0
+            if cycle.has_work():
+                so, timing = launch(cycle, cluster.cost_model, launched, self.cycle_recorder)
+                device_free = max(self.now, device_free) + timing.total
+                launched += 1
+                ends.append(device_free)
+                if cycle.may_schedule_ahead(so):
+                    continue
+            elif not cycle.in_flight:
+                self.now = max(self.now, (yield from self._next_request()))
+                if intake is not None:
+                    look, cold = intake.wake()
+                    self.now += look
+                continue
+            self.now = max(self.now, ends.popleft())
+            self.stepping = True
+            yield self.now
+            so, outputs = self.last
+            if cycle.has_work() and cycle.did_nothing(so, outputs):
+                self.now = max(self.now, (yield from self._next_request()))
+
+    def _next_request(self) -> Generator[Wait, float, float]:
+        """When the next request routed here arrived: one already in the inbox, else wait for one."""
+        if self.inbox:
+            return self.inbox[0][1].add_time
+        self.idle = True
+        return (yield None)
+
+    def _drain(self) -> list[tuple[Request, SimRequest]]:
+        inbox, self.inbox = self.inbox, []
+        return inbox
+
+    def _run_limit(self, step: int) -> int:
+        """A run stops before the next step that external finishes come before."""
+        if not self.external:
+            return MAX_RUN
+        return min(MAX_RUN, min((s for s in self.external if s > step), default=step + MAX_RUN) - step)
