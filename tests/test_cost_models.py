@@ -10,7 +10,8 @@ import traces
 from engine.core.model_shapes import PRESET_NAMES, get_model_config
 from sim.cost_models.batch import StepBatch, batch_from_output
 from sim.calibration.calibrate import batches_from_trace, calibrate, main_calibrate
-from sim.cost_models.calibrated import CalibratedCostModel, load_profile, nnls
+from sim.cost_models.calibrated import CalibratedCostModel, nnls
+from sim.cost_models.profile import CostProfile, load_profile
 from sim.cost_models.hardware import get_hardware
 from sim.cost_models.roofline import RooflineCostModel, model_shape
 from traces.recorder import TraceRecorder
@@ -108,15 +109,15 @@ def test_batches_rebuilt_from_a_trace_equal_the_scheduler_batches(tmp_path):
 
 def test_fit_on_traces_recovers_the_step_time_law(two_traces):
     profile, _ = calibrate([traces.load(p) for p in two_traces])
-    c = profile["coefficients"]
+    c = profile.coefficients
     for k in ("c0", "c_p", "c_ctx", "c_attn"):
         assert c[k] == pytest.approx(TRUE[k], rel=0.1), k
     # Decode tokens and sequences move together in decode steps; their sum is what is pinned down, and
     # with it what a prefill sequence costs beyond a decoding one.
     assert c["c_d"] + c["c_seq"] == pytest.approx(TRUE["c_d"] + TRUE["c_seq"], rel=0.1)
     assert c["c_pseq"] - c["c_d"] == pytest.approx(TRUE["c_pseq"] - TRUE["c_d"], rel=0.1)
-    assert profile["fit"]["mape"] < 3 and profile["fit"]["r2"] > 0.99
-    assert len(profile["leave_one_trace_out"]) == 2 and all(r["mape"] < 4 for r in profile["leave_one_trace_out"])
+    assert profile.fit.mape < 3 and profile.fit.r2 > 0.99
+    assert len(profile.leave_one_trace_out) == 2 and all(r.mape < 4 for r in profile.leave_one_trace_out)
 
 
 def test_profile_round_trips_through_json_and_predicts_the_same(two_traces, tmp_path):
@@ -124,11 +125,11 @@ def test_profile_round_trips_through_json_and_predicts_the_same(two_traces, tmp_
     assert main_calibrate([*two_traces, "-o", str(out)]) == 0
     profile, _ = calibrate([traces.load(p) for p in two_traces])
     loaded = CalibratedCostModel.load(out)
-    fresh = CalibratedCostModel(profile["coefficients"], profile)
+    fresh = CalibratedCostModel(profile)
     batches = [b for b, _ in batches_from_trace(traces.load(two_traces[0]))]
     assert [loaded.step_time(b, 0) for b in batches] == [fresh.step_time(b, 0) for b in batches]
     d = loaded.describe()
-    assert d["coefficients"] == profile["coefficients"] and d["model"]["model"] == "builtin"
+    assert d["coefficients"] == profile.coefficients and d["model"]["model"] == "builtin"
     assert d["traces"] == [str(traces.load(p).path) for p in two_traces]
 
 
@@ -138,7 +139,7 @@ def test_sim_calibrate_writes_a_profile_and_prints_the_fit_error(two_traces, tmp
     printed = capsys.readouterr().out
     assert "fit error device: MAPE" in printed and "fit error gap:" in printed and "leave-one-trace-out" in printed
     prof = load_profile(out)
-    assert prof["device"]["name"] == "test-cpu" and len(prof["traces"]) == 2 and prof["fit"]["num_steps"] > 100
+    assert prof.device["name"] == "test-cpu" and len(prof.traces) == 2 and prof.fit.num_steps > 100
 
 
 def test_sim_calibrate_rejects_a_directory_that_is_not_a_trace(tmp_path, capsys):
@@ -172,6 +173,18 @@ def test_load_profile_names_what_is_wrong(tmp_path, content, field):
         CalibratedCostModel.load(tmp_path / "p.json")
 
 
+def test_load_profile_names_every_wrong_field_in_one_line(tmp_path):
+    bad = {"kind": "stepscope-cost-profile", "format_version": 3, "coefficients": {**TRUE, "c_p": "x", "c_seq": -2},
+           "parts": {"device": {"mean_ratio": 1.0}}, "residuals": {"ratios": [[1.0, 1.0, 1.0]], "block_steps": 0}}
+    (tmp_path / "p.json").write_text(json.dumps(bad))
+    with pytest.raises(ValueError) as e:
+        load_profile(tmp_path / "p.json")
+    message = str(e.value)
+    assert "\n" not in message and message.startswith(str(tmp_path / "p.json"))
+    for field in ("coefficients.c_p", "coefficients.c_seq", "parts.device.coefficients", "residuals.block_steps"):
+        assert field in message
+
+
 def test_a_profile_from_before_the_prefill_sequence_term_loads_and_charges_none(tmp_path):
     older = {k: v for k, v in TRUE.items() if k != "c_pseq"}
     laws = {"device": {"coefficients": older, "mean_ratio": 1.0}}
@@ -185,7 +198,7 @@ def test_a_profile_from_before_the_prefill_sequence_term_loads_and_charges_none(
 
 
 def test_calibrated_model_warns_when_a_run_uses_another_model():
-    model = CalibratedCostModel(TRUE, {"model": {"model": "builtin"}, "device": {"type": "cpu"}})
+    model = CalibratedCostModel(CostProfile(coefficients=TRUE, model={"model": "builtin"}, device={"type": "cpu"}))
     other = {"config": {"model": {"model": "llama-3.1-8b"}}, "device": {"type": "cuda"}}
     warnings = model.mismatches(other)
     assert len(warnings) == 2 and "llama-3.1-8b" in warnings[0]
@@ -274,8 +287,8 @@ def test_roofline_from_a_profile_uses_the_measured_rates(two_traces, tmp_path):
     assert main_calibrate([*two_traces, "-o", str(out)]) == 0
     prof = load_profile(out)
     model = RooflineCostModel.from_args(hardware="cpu", profile=out)
-    hw, c, shape = model.hardware, prof["coefficients"], model.shape
-    assert hw.effective_flops == pytest.approx(prof["effective"]["flops"])
+    hw, c, shape = model.hardware, prof.coefficients, model.shape
+    assert hw.effective_flops == pytest.approx(prof.effective["flops"])
     assert hw.effective_flops >= 2 * shape.active_params / c["c_p"] * (1 - 1e-9)
     assert hw.effective_bandwidth >= shape.kv_bytes_per_token / c["c_ctx"] * (1 - 1e-9)
     assert 0 <= hw.step_overhead <= c["c0"] and shape.dtype == "float32"

@@ -17,6 +17,7 @@ from sim.calibration.calibrate import calibrate
 from sim.cli import main
 from sim.fidelity.compare import compare_traces, format_report
 from sim.cost_models.calibrated import CalibratedCostModel
+from sim.cost_models.profile import CostProfile, PartLaw
 from sim.cost_models.parts import DEVICE_TERMS, part_matrix
 from sim.cost_models.residuals import ResidualSampler, predictive_level, residual_table
 from sim.calibration.fit import fit_mean_law
@@ -97,11 +98,11 @@ def test_mean_law_predicts_the_expected_time_of_each_kind_of_step_with_every_slo
 
 def test_calibrate_fits_the_host_phases_and_the_gap_between_steps(engine_like):
     profile, _ = calibrate([traces.load(engine_like / "a"), traces.load(engine_like / "b")])
-    host, gap = profile["parts"]["host"]["coefficients"], profile["parts"]["gap"]["coefficients"]
+    host, gap = profile.parts["host"].coefficients, profile.parts["gap"].coefficients
     assert host["h0"] == pytest.approx(HOST[0], rel=0.15) and host["h_seq"] == pytest.approx(HOST[1], rel=0.15)
     assert gap["g0"] == pytest.approx(GAP[0], rel=0.15) and gap["g_seq"] == pytest.approx(GAP[1], rel=0.15)
-    assert profile["fit"]["parts"]["cycle"]["mape"] < 3
-    assert len(profile["residuals"]["ratios"]) == sum(t["num_steps"] for t in profile["traces"])
+    assert profile.fit.parts["cycle"].mape < 3
+    assert len(profile.residuals.ratios) == sum(t.num_steps for t in profile.traces)
 
 
 def test_calibrate_on_several_runs_reports_each_run_s_level(engine_like):
@@ -114,13 +115,13 @@ def test_calibrate_on_several_runs_reports_each_run_s_level(engine_like):
 
 def test_calibrate_reports_leave_one_trace_out_per_part(engine_like):
     profile, _ = calibrate([traces.load(engine_like / "a"), traces.load(engine_like / "b")])
-    loto = profile["leave_one_trace_out"]
-    assert len(loto) == 2 and all(r["parts"][p]["mape"] < 5 for r in loto for p in ("device", "host", "gap"))
+    loto = profile.leave_one_trace_out
+    assert len(loto) == 2 and all(r.parts[p].mape < 5 for r in loto for p in ("device", "host", "gap"))
 
 
 def test_residual_blocks_are_runs_of_consecutive_measured_steps_and_repeat_with_the_seed():
     table = residual_table(np.column_stack([np.arange(1, 151) / 100.0] * 3), [150])  # too short to split
-    table["block_steps"] = 10
+    table = table.model_copy(update={"block_steps": 10})
     a, b = ResidualSampler(table, 3), ResidualSampler(table, 3)
     draws = np.array([a.at(i)[0] for i in range(100)])
     assert (draws == np.array([b.at(i)[0] for i in range(100)])).all()
@@ -134,7 +135,7 @@ def test_a_replay_sampled_from_several_runs_runs_at_one_level_each():
     all at one level (not a mix of blocks of both)."""
     slow_fast = np.column_stack([np.r_[np.full(100, 2.0), np.full(100, 1.0)]] + [np.ones(200)] * 2)
     table = residual_table(slow_fast, [100, 100])
-    table["block_steps"] = 5
+    table = table.model_copy(update={"block_steps": 5})
     for seed in range(20):
         sampler = ResidualSampler(table, seed)
         assert len({float(sampler.at(i)[0]) for i in range(60)}) == 1
@@ -156,7 +157,7 @@ def test_one_calibration_run_lends_its_parts_levels_to_sampled_replays():
     intervals must show, so replays run at levels spread around its parts' levels, one level each."""
     drifting = np.column_stack([np.r_[np.full(200, 1.0), np.full(200, 2.0)]] + [np.ones(400)] * 2)
     table = residual_table(drifting, [400])
-    table["block_steps"] = 5
+    table = table.model_copy(update={"block_steps": 5})
     drawn = [{float(ResidualSampler(table, seed).at(i)[0]) for i in range(60)} for seed in range(20)]
     assert all(len(d) == 1 for d in drawn)
     levels = np.array([d.pop() for d in drawn])
@@ -182,7 +183,7 @@ def test_calibration_report_names_the_levels_of_one_run_s_parts(engine_like):
 
     profile, _ = calibrate([traces.load(engine_like / "a")])
     drifting = np.column_stack([np.r_[np.full(200, 1.0), np.full(200, 2.0)]] + [np.ones(400)] * 2)
-    profile["residuals"] = residual_table(drifting, [400])  # a run long enough to be split
+    profile = profile.model_copy(update={"residuals": residual_table(drifting, [400])})  # long enough to split
     line = next(x for x in report_lines(profile) if x.startswith("run levels"))
     assert "per part of the one calibration run" in line and "1.00, 1.00, 2.00, 2.00;" in line
 
@@ -191,7 +192,7 @@ def test_within_run_scatter_rides_on_the_drawn_level():
     run_a = np.column_stack([np.tile([0.5, 1.5], 50)] + [np.ones(100)] * 2)  # level 1.0, scatter +-50 %
     run_b = np.column_stack([np.full(100, 3.0)] + [np.ones(100)] * 2)  # level 3.0, no scatter
     table = residual_table(np.vstack([run_a, run_b]), [100, 100])
-    table["block_steps"] = 1
+    table = table.model_copy(update={"block_steps": 1})
     seen = set()
     for seed in range(40):
         sampler = ResidualSampler(table, seed)
@@ -223,15 +224,16 @@ def test_sampled_interval_covers_held_out_runs_of_a_machine_with_slow_spells():
 
 
 def test_sampled_step_times_scale_the_law_by_measured_ratios():
-    prof = {"parts": {"device": {"coefficients": DEVICE, "mean_ratio": 1.5}},
-            "residuals": residual_table(np.array([[2.0, 1.0, 1.0]] * 4), [4])}
+    prof = CostProfile(coefficients=DEVICE, parts={"device": PartLaw(coefficients=DEVICE, mean_ratio=1.5)},
+                       residuals=residual_table(np.array([[2.0, 1.0, 1.0]] * 4), [4]))
     b = StepBatch(num_decode_tokens=4, num_decode_seqs=4, context_tokens=400)
-    assert CalibratedCostModel(DEVICE, prof).step_time(b, 0).total == pytest.approx(1.5 * device_law(b))
-    assert CalibratedCostModel(DEVICE, prof, seed=0).step_time(b, 0).total == pytest.approx(2.0 * device_law(b))
+    assert CalibratedCostModel(prof).step_time(b, 0).total == pytest.approx(1.5 * device_law(b))
+    assert CalibratedCostModel(prof, seed=0).step_time(b, 0).total == pytest.approx(2.0 * device_law(b))
 
 
 def test_profile_used_beyond_its_fitted_batch_shapes_warns_in_one_line():
-    model = CalibratedCostModel(DEVICE, {"fitted_range": {"num_tokens": 100, "num_seqs": 8}}, path="p.json")
+    model = CalibratedCostModel(CostProfile(coefficients=DEVICE, fitted_range={"num_tokens": 100, "num_seqs": 8}),
+                                path="p.json")
     model.step_time(StepBatch(num_decode_tokens=8, num_decode_seqs=8), 0)
     assert model.range_warning() is None
     model.step_time(StepBatch(num_prefill_tokens=400, num_prefill_seqs=1), 1)
@@ -298,7 +300,7 @@ def test_residual_scaling_lays_measured_ratios_over_another_cost_model():
             return 7
 
     table = residual_table(np.array([[2.0, 1.0, 1.0], [0.5, 1.0, 1.0]]), [2])
-    table["block_steps"] = 2
+    table = table.model_copy(update={"block_steps": 2})
     scaled = ResidualScaled(Flat(), table, seed=1)
     times = sorted(scaled.step_time(StepBatch(), i).total for i in range(2))
     assert times == pytest.approx([0.005, 0.02]) and scaled.num_gpu_blocks(16) == 7

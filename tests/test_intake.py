@@ -44,8 +44,8 @@ def test_a_request_arriving_while_a_step_runs_is_no_wake_up():
 def test_the_fit_keeps_the_runs_first_cold_wake_apart_from_the_median():
     cold = _trace([(1.0, 1.005), (3.0, 3.0005), (5.0, 5.0007)], [(1.006, 1.1), (3.001, 3.1), (5.001, 5.1)])
     fit = fit_intake([cold])
-    assert fit["first_wake_s"] == pytest.approx(0.005)
-    assert fit["wake_s"] == pytest.approx(0.0006)
+    assert fit.first_wake_s == pytest.approx(0.005)
+    assert fit.wake_s == pytest.approx(0.0006)
 
 
 class _WithIntake(FixedCost):
@@ -102,9 +102,9 @@ def test_the_fit_learns_whether_arrivals_during_the_cold_first_add_joined_the_fi
     joined = _trace([(1.0, 1.011), (1.001, 1.0112)], [(1.012, 1.1)])
     waited = _trace([(1.0, 1.011), (1.001, 1.1002)], [(1.012, 1.1), (1.1003, 1.2)])
     alone = _trace([(1.0, 1.011), (2.0, 2.0005)], [(1.012, 1.1), (2.001, 2.1)])
-    assert fit_intake([joined])["cold_admits_arrivals"] is True
-    assert fit_intake([waited])["cold_admits_arrivals"] is False
-    assert fit_intake([alone])["cold_admits_arrivals"] is None
+    assert fit_intake([joined]).cold_admits_arrivals is True
+    assert fit_intake([waited]).cold_admits_arrivals is False
+    assert fit_intake([alone]).cold_admits_arrivals is None
 
 
 def test_requests_arriving_during_the_runs_cold_first_add_wait_for_the_next_step(tmp_path):

@@ -9,7 +9,6 @@ scatter around the laws becomes the residual table the simulator samples from.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -22,8 +21,8 @@ import numpy as np
 import pandas as pd
 
 from sim.cost_models.batch import StepBatch, causal_pairs
-from sim.cost_models.calibrated import (PROFILE_FORMAT_VERSION, PROFILE_KIND, device_label, model_label,
-                                        trace_identity)
+from sim.cost_models.calibrated import device_label, model_label, trace_identity
+from sim.cost_models.profile import CostProfile, FitReport, FitStats, HeldOut, PartLaw, TraceRef
 from sim.cost_models.parts import PART_TERMS, PARTS, TERM_UNITS, batch_range, part_matrix
 from sim.cost_models.residuals import level_quantile, levels_from, residual_table, run_levels
 from sim.cost_models.roofline import DTYPE_BYTES, effective_from_coefficients, model_shape
@@ -87,7 +86,7 @@ class StepSamples:
         return cls(str(trace.path), step_batches(table), {p: table[p].to_numpy(dtype=float) for p in PARTS})
 
 
-def _fit(samples: list[StepSamples]) -> dict[str, dict[str, Any]]:
+def _fit(samples: list[StepSamples]) -> dict[str, PartLaw]:
     """Per part: the mean law's coefficients and total measured / total predicted (all steps; ~1)."""
     batches = [b for s in samples for b in s.batches]
     out = {}
@@ -96,18 +95,18 @@ def _fit(samples: list[StepSamples]) -> dict[str, dict[str, Any]]:
         coef = fit_mean_law(x, y)
         pred = x @ coef
         measured = (y > 0) & (pred > 0)
-        out[part] = {"coefficients": {k: float(v) for k, v in zip(PART_TERMS[part], coef)},
-                     "mean_ratio": float(y[measured].sum() / pred[measured].sum()) if measured.any() else 1.0}
+        out[part] = PartLaw(coefficients={k: float(v) for k, v in zip(PART_TERMS[part], coef)},
+                            mean_ratio=float(y[measured].sum() / pred[measured].sum()) if measured.any() else 1.0)
     return out
 
 
-def _predict(laws: dict[str, dict[str, Any]], part: str, batches: list[StepBatch]) -> np.ndarray:
+def _predict(laws: dict[str, PartLaw], part: str, batches: list[StepBatch]) -> np.ndarray:
     law = laws[part]
-    coef = np.array([law["coefficients"][k] for k in PART_TERMS[part]])
-    return part_matrix(part, batches) @ coef * law["mean_ratio"]
+    coef = np.array([law.coefficients[k] for k in PART_TERMS[part]])
+    return part_matrix(part, batches) @ coef * law.mean_ratio
 
 
-def _stats(laws: dict[str, dict[str, Any]], samples: list[StepSamples]) -> dict[str, Any]:
+def _stats(laws: dict[str, PartLaw], samples: list[StepSamples]) -> dict[str, FitStats]:
     """Error of the deterministic model (law x mean ratio) per part and on the whole step cycle."""
     batches = [b for s in samples for b in s.batches]
     ys = {p: np.concatenate([s.y[p] for s in samples]) for p in PARTS}
@@ -115,7 +114,7 @@ def _stats(laws: dict[str, dict[str, Any]], samples: list[StepSamples]) -> dict[
     out = {p: part_stats(ys[p], preds[p]) for p in PARTS}
     gap_pred = np.where(ys["gap"] > 0, preds["gap"], 0.0)  # no gap is paid before an idle wait
     out["cycle"] = part_stats(ys["device"] + ys["host"] + ys["gap"], preds["device"] + preds["host"] + gap_pred)
-    return out
+    return {p: FitStats(**st) for p, st in out.items()}
 
 
 def _identity_warnings(traces: list[Trace], idents: list[dict[str, Any]]) -> list[str]:
@@ -130,38 +129,36 @@ def _identity_warnings(traces: list[Trace], idents: list[dict[str, Any]]) -> lis
     return out
 
 
-def calibrate(traces: list[Trace]) -> tuple[dict[str, Any], list[str]]:
+def calibrate(traces: list[Trace]) -> tuple[CostProfile, list[str]]:
     """The PROFILE.json content fitted on `traces`, and warnings worth showing the user."""
     samples = [StepSamples.of(t) for t in traces]
     laws = _fit(samples)
     loto = []
     for i, s in enumerate(samples if len(samples) > 1 else []):
         held = _stats(_fit(samples[:i] + samples[i + 1:]), [s])
-        loto.append({"trace": s.path, **held["device"], "parts": held})
+        loto.append(HeldOut(trace=s.path, **held["device"].model_dump(), parts=held))
     batches = [b for s in samples for b in s.batches]
     table = np.column_stack([ratios(np.concatenate([s.y[p] for s in samples]),
-                                    _predict(laws, p, batches) / laws[p]["mean_ratio"]) for p in PARTS])
+                                    _predict(laws, p, batches) / laws[p].mean_ratio) for p in PARTS])
     idents = [trace_identity(t.meta) for t in traces]
     warns = _identity_warnings(traces, idents)
     x = part_matrix("device", batches)
     warns += [f"no step has {TERM_UNITS[k]}s: {k} fixed at 0" for k, col in zip(PART_TERMS["device"], x.T)
               if not col.any()]
     stats = _stats(laws, samples)
-    coefficients = laws["device"]["coefficients"]
+    coefficients = laws["device"].coefficients
     ident = idents[0]
-    profile = {
-        "kind": PROFILE_KIND, "format_version": PROFILE_FORMAT_VERSION, "cost_model": "calibrated",
-        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "model": ident["model"], "device": ident["device"], "kv_cache": ident["kv_cache"],
-        "coefficients": coefficients, "parts": laws,
-        "fit": {**stats["device"], "parts": stats}, "leave_one_trace_out": loto,
-        "residuals": residual_table(table, [len(s.batches) for s in samples]),
-        "fitted_range": batch_range(batches),
-        "intake": fit_intake(traces),
-        "effective": _effective(coefficients, ident["model"]),
-        "traces": [{"path": str(t.path), "source": t.source, "complete": t.complete, "num_steps": len(s.batches),
-                    "model": model_label(i), "device": device_label(i)} for t, s, i in zip(traces, samples, idents)],
-    }
+    profile = CostProfile(
+        created_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        model=ident["model"], device=ident["device"], kv_cache=ident["kv_cache"],
+        coefficients=coefficients, parts=laws,
+        fit=FitReport(**stats["device"].model_dump(), parts=stats), leave_one_trace_out=loto,
+        residuals=residual_table(table, [len(s.batches) for s in samples]),
+        fitted_range=batch_range(batches),
+        intake=fit_intake(traces),
+        effective=_effective(coefficients, ident["model"]),
+        traces=[TraceRef(path=str(t.path), source=t.source, complete=t.complete, num_steps=len(s.batches),
+                         model=model_label(i), device=device_label(i)) for t, s, i in zip(traces, samples, idents)])
     return profile, warns
 
 
@@ -183,39 +180,39 @@ def _seconds(v: float) -> str:
     return f"{v / 1e-12:.3g} ps" if v else "0"
 
 
-def _err(st: dict[str, Any]) -> str:
-    if not st.get("num_steps"):
+def _err(st: FitStats) -> str:
+    if not st.num_steps:
         return "not measured"
-    return f"MAPE {st['mape']:.2f}%, R2 {st['r2']:.4f}"
+    return f"MAPE {st.mape:.2f}%, R2 {st.r2:.4f}"
 
 
-def report_lines(profile: dict[str, Any], output: str | None = None) -> list[str]:
+def report_lines(profile: CostProfile, output: str | None = None) -> list[str]:
     """What `sim calibrate` prints: data, fit error per part, held-out error, laws, residual model."""
-    fit, ident = profile["fit"], {"model": profile["model"], "device": profile["device"]}
-    parts = fit["parts"]
-    lines = [f"calibrated on {len(profile['traces'])} trace(s), {fit['num_steps']} steps, none dropped: "
+    fit, ident = profile.fit, {"model": profile.model, "device": profile.device}
+    lines = [f"calibrated on {len(profile.traces)} trace(s), {fit.num_steps} steps, none dropped: "
              f"{model_label(ident)} on {device_label(ident)}"]
     for part in (*PARTS, "cycle"):
-        st = parts[part]
+        st = fit.parts[part]
         line = f"fit error {part}: {_err(st)}"
-        if st.get("num_steps"):
-            line += f", |error| p50 {st['p50_abs_pct']:.2f}%, p90 {st['p90_abs_pct']:.2f}% over {st['num_steps']} steps"
+        if st.num_steps:
+            line += f", |error| p50 {st.p50_abs_pct:.2f}%, p90 {st.p90_abs_pct:.2f}% over {st.num_steps} steps"
         lines.append(line)
-    for r in profile["leave_one_trace_out"]:
-        each = "; ".join(f"{p} {_err(r['parts'][p])}" for p in (*PARTS, "cycle"))
-        lines.append(f"leave-one-trace-out {'/'.join(Path(r['trace']).parts[-2:])}: {each}")
+    for r in profile.leave_one_trace_out:
+        each = "; ".join(f"{p} {_err(r.parts[p])}" for p in (*PARTS, "cycle"))
+        lines.append(f"leave-one-trace-out {'/'.join(Path(r.trace).parts[-2:])}: {each}")
     for part in PARTS:
-        law = profile["parts"][part]
-        terms = ", ".join(f"{k} {_seconds(v)}/{TERM_UNITS[k]}" for k, v in law["coefficients"].items())
-        lines.append(f"law {part}: {terms}; total measured/law {law['mean_ratio']:.3f}")
-    res = profile["residuals"]
-    dev = np.asarray(res["ratios"], dtype=float)[:, 0]
-    lines.append(f"residuals: all {len(dev)} steps kept as a table sampled in blocks of {res['block_steps']} steps "
+        law = profile.parts[part]
+        terms = ", ".join(f"{k} {_seconds(v)}/{TERM_UNITS[k]}" for k, v in law.coefficients.items())
+        lines.append(f"law {part}: {terms}; total measured/law {law.mean_ratio:.3f}")
+    res = profile.residuals
+    ratios_table = np.asarray(res.ratios, dtype=float)
+    dev = ratios_table[:, 0]
+    lines.append(f"residuals: all {len(dev)} steps kept as a table sampled in blocks of {res.block_steps} steps "
                  f"(device measured/law p5 {np.percentile(dev, 5):.2f}, p50 {np.percentile(dev, 50):.2f}, "
                  f"p95 {np.percentile(dev, 95):.2f}, max {dev.max():.2f})")
-    segments = res.get("segments", [len(dev)])
+    segments = res.segments or [len(dev)]
     level_segments = levels_from(segments)
-    levels = run_levels(np.asarray(res["ratios"], dtype=float), level_segments)
+    levels = run_levels(ratios_table, level_segments)
     if len(levels) > 1:
         what = ("per calibration run" if level_segments == segments else
                 "per part of the one calibration run" if len(segments) == 1 else "per part of each calibration run")
@@ -223,16 +220,16 @@ def report_lines(profile: dict[str, Any], output: str | None = None) -> list[str
         lines.append(f"run levels (device measured/law, {what}): "
                      f"{', '.join(f'{v:.2f}' for v in levels[:, 0])}; sampled replays run at a new run's likely "
                      f"level given these, p5 {lo:.2f} to p95 {hi:.2f}")
-    intake = profile.get("intake")
-    if intake:
-        first = intake.get("first_wake_s")
+    intake = profile.intake
+    if intake is not None:
+        first = intake.first_wake_s
         admits = {True: "arrivals during it join the first step", False: "arrivals during it wait a step",
-                  None: "none arrived during it: taken to join"}[intake.get("cold_admits_arrivals")]
-        lines.append(f"intake: an idle engine adds an arrival after {_seconds(intake['wake_s'])} (median of "
-                     f"{intake['num_wakes']} wake-ups; the run's first, cold: "
+                  None: "none arrived during it: taken to join"}[intake.cold_admits_arrivals]
+        lines.append(f"intake: an idle engine adds an arrival after {_seconds(intake.wake_s)} (median of "
+                     f"{intake.num_wakes} wake-ups; the run's first, cold: "
                      f"{_seconds(first) + '; ' + admits if first is not None else 'not seen'}), then "
-                     f"{_seconds(intake['per_request_s'])} per request (median of {intake['num_adds']} adds)")
-    eff = profile.get("effective")
+                     f"{_seconds(intake.per_request_s)} per request (median of {intake.num_adds} adds)")
+    eff = profile.effective
     if eff and "error" not in eff:
         lines.append(f"effective: {eff['flops'] / 1e9:.3g} GFLOP/s (from {eff['flops_from']}), "
                      f"{eff['bandwidth'] / 1e9:.3g} GB/s (from {eff['bandwidth_from']})")
@@ -279,7 +276,7 @@ def main_calibrate(argv: list[str] | None = None) -> int:
             raise ValueError(f"{out}: directory {out.parent} does not exist")
         profile, fit_warns = calibrate([_load(p, warns) for p in args.traces])
         with replaced_when_done(out) as tmp:  # a full disk never leaves half of it over the old one
-            tmp.write_text(json.dumps(profile, indent=2, default=str) + "\n")
+            tmp.write_text(profile.to_json())
     except ValueError as e:
         print(f"sim calibrate: error: {e}", file=sys.stderr)
         return 2

@@ -16,7 +16,6 @@ around all three is replayed from the profile's residual table (sim.cost_models.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -27,19 +26,14 @@ from sim.cost_models.base import CostModelDefaults, StepTiming
 from sim.cost_models.parts import DEVICE_TERMS, PART_TERMS, PARTS, RANGE_FIELDS, TERM_UNITS, part_features
 from sim.cost_models.residuals import ResidualSampler
 from sim.cost_models.intake import Intake
+from sim.cost_models.profile import LATER_COEFFICIENTS, CostProfile, load_profile
 
-PROFILE_KIND = "stepscope-cost-profile"
-PROFILE_FORMAT_VERSION = 3
-READABLE_FORMAT_VERSIONS = (1, 2, 3)
-COEFFICIENTS = DEVICE_TERMS  # a profile's top-level `coefficients`: its device law
-# Terms added after a profile format first shipped: 0 where an older profile has none.
-LATER_COEFFICIENTS = frozenset({"c_pseq"})
+UNITS = {k: f"s/{TERM_UNITS[k]}" for k in DEVICE_TERMS}
 
 
-def coefficient(coefficients: dict[str, Any], name: str) -> Any:
+def coefficient(coefficients: dict[str, float], name: str) -> float:
     """A law's coefficient as stored; a term newer than the profile reads as 0, any other missing raises."""
     return coefficients.get(name, 0.0) if name in LATER_COEFFICIENTS else coefficients[name]
-UNITS = {k: f"s/{TERM_UNITS[k]}" for k in COEFFICIENTS}
 
 
 def nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -77,32 +71,6 @@ def device_label(ident: dict[str, Any]) -> str:
     return f"{d.get('type') or '?'} ({d.get('name') or '?'})"
 
 
-def load_profile(path: str | Path) -> dict[str, Any]:
-    """A PROFILE.json, checked; any problem is one ValueError line naming the file and the field."""
-    p = Path(path)
-    try:
-        prof = json.loads(p.read_text())
-    except FileNotFoundError:
-        raise ValueError(f"{p}: no such profile file") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise ValueError(f"{p}: cannot read ({e})") from None
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{p}: not valid JSON ({e.msg} at line {e.lineno})") from None
-    if not isinstance(prof, dict) or prof.get("kind") != PROFILE_KIND:
-        raise ValueError(f"{p}: kind: not a stepscope cost profile (write one with `sim calibrate`)")
-    if prof.get("format_version") not in READABLE_FORMAT_VERSIONS:
-        raise ValueError(f"{p}: format_version is {prof.get('format_version')!r}, "
-                         f"this stepscope reads {' or '.join(map(str, READABLE_FORMAT_VERSIONS))}")
-    coef = prof.get("coefficients")
-    if not isinstance(coef, dict):
-        raise ValueError(f"{p}: coefficients: missing")
-    for name in COEFFICIENTS:
-        value = coef.get(name, 0.0 if name in LATER_COEFFICIENTS else None)
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or not value >= 0:
-            raise ValueError(f"{p}: coefficients.{name}: must be a number >= 0, got {value!r}")
-    return prof
-
-
 class CalibratedCostModel(CostModelDefaults):
     """The fitted laws; `load` reads a PROFILE.json written by `sim calibrate`. With a `seed`, each step
     is scaled by measured residual ratios drawn in blocks (one sampled replay); without, by the mean ratio
@@ -110,28 +78,26 @@ class CalibratedCostModel(CostModelDefaults):
 
     name = "calibrated"
 
-    def __init__(self, coefficients: dict[str, float], profile: dict[str, Any] | None = None,
-                 path: str | None = None, seed: int | None = None) -> None:
-        self.coefficients = {k: float(coefficient(coefficients, k)) for k in COEFFICIENTS}
-        self._coef = [self.coefficients[k] for k in COEFFICIENTS]
-        self.profile = profile or {}
+    def __init__(self, profile: CostProfile, path: str | None = None, seed: int | None = None) -> None:
+        self.profile = profile
+        self.coefficients = dict(profile.coefficients)
+        self._coef = [self.coefficients[k] for k in DEVICE_TERMS]
         self.path = path
-        laws = self.profile.get("parts") or {}
-        self._laws = {p: ([float(coefficient(laws[p]["coefficients"], k)) for k in PART_TERMS[p]],
-                          float(laws[p]["mean_ratio"])) for p in PARTS if p in laws}
+        laws = profile.parts
+        self._laws = {p: ([float(coefficient(laws[p].coefficients, k)) for k in PART_TERMS[p]], laws[p].mean_ratio)
+                      for p in PARTS if p in laws}
         self._laws["device"] = (self._coef, self._laws.get("device", (None, 1.0))[1])
-        table = self.profile.get("residuals")
         self.seed = seed
-        self._sampler = ResidualSampler(table, seed) if seed is not None and table else None
-        self.intake = Intake.from_profile(self.profile, seed)
-        self._range = self.profile.get("fitted_range") or {}
+        table = profile.residuals
+        self._sampler = ResidualSampler(table, seed) if seed is not None and table is not None else None
+        self.intake = Intake.from_fit(profile.intake, seed)
+        self._range = dict(profile.fitted_range)
         self._outside: dict[str, int] = {}
         self._num_steps = 0
 
     @classmethod
     def load(cls, path: str | Path, seed: int | None = None) -> CalibratedCostModel:
-        prof = load_profile(path)
-        return cls(prof["coefficients"], prof, str(path), seed)
+        return cls(load_profile(path), str(path), seed)
 
     def step_time(self, batch: StepBatch, step: int) -> StepTiming:
         """Device, host and gap seconds of this step (async scheduling may overlap host with device)."""
@@ -165,7 +131,7 @@ class CalibratedCostModel(CostModelDefaults):
 
     def mismatches(self, meta: dict[str, Any]) -> list[str]:
         """Warnings when a trace's model or device is not the one this profile was fitted on."""
-        ident, mine = trace_identity(meta), {k: self.profile.get(k) or {} for k in ("model", "device")}
+        ident, mine = trace_identity(meta), {"model": self.profile.model, "device": self.profile.device}
         out = []
         for key in ("model", "architecture", "dtype"):
             theirs, ours = ident["model"].get(key), mine["model"].get(key)
@@ -179,9 +145,9 @@ class CalibratedCostModel(CostModelDefaults):
 
     def describe(self) -> dict:
         prof = self.profile
-        model = {k: v for k, v in (prof.get("model") or {}).items() if k != "hf_config"}
+        model = {k: v for k, v in prof.model.items() if k != "hf_config"}
         return {"name": self.name, "path": self.path, "coefficients": dict(self.coefficients), "units": UNITS,
-                "model": model, "device": prof.get("device"), "fit": prof.get("fit"),
-                "leave_one_trace_out": prof.get("leave_one_trace_out"), "parts": prof.get("parts"),
-                "seed": self.seed, "fitted_range": self._range,
-                "traces": [t.get("path") for t in prof.get("traces", [])]}
+                "model": model, "device": prof.device, "fit": prof.fit.model_dump() if prof.fit else None,
+                "leave_one_trace_out": [r.model_dump() for r in prof.leave_one_trace_out],
+                "parts": {p: law.model_dump() for p, law in prof.parts.items()},
+                "seed": self.seed, "fitted_range": self._range, "traces": [t.path for t in prof.traces]}

@@ -18,10 +18,9 @@ simpler of the two.
 """
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
+from sim.cost_models.profile import IntakeFit
 from traces import Trace
 
 
@@ -43,12 +42,12 @@ class Intake:
         self._rng = np.random.default_rng(seed) if seed is not None and len(self._samples) else None
 
     @classmethod
-    def from_profile(cls, profile: dict[str, Any], seed: int | None = None) -> Intake:
-        got = profile.get("intake") or {}
-        first = got.get("first_wake_s")
-        return cls(float(got.get("wake_s", 0.0)), float(got.get("per_request_s", 0.0)),
-                   got.get("wake_samples_s"), seed, None if first is None else float(first),
-                   got.get("cold_admits_arrivals") is not False)
+    def from_fit(cls, fit: IntakeFit | None, seed: int | None = None) -> Intake:
+        """A profile's measured intake (none measured: an engine that adds arrivals at once)."""
+        if fit is None:
+            return cls(seed=seed)
+        return cls(fit.wake_s, fit.per_request_s, fit.wake_samples_s, seed, fit.first_wake_s,
+                   fit.cold_admits_arrivals is not False)
 
     def wake(self) -> tuple[float, float]:
         """(seconds from the arrival until the engine takes in what has arrived, seconds more that this
@@ -110,7 +109,7 @@ def first_wake_window(trace: Trace) -> tuple[int, int]:
     return joined, len(window) - joined
 
 
-def fit_intake(traces: list[Trace]) -> dict[str, Any]:
+def fit_intake(traces: list[Trace]) -> IntakeFit:
     """The profile's `intake` entry: medians of the measured wake delays and per-request adds, and
     whether the run's cold first add takes in what arrives during it (None where no trace shows it)."""
     wakes, adds, firsts = [], [], []
@@ -124,8 +123,8 @@ def fit_intake(traces: list[Trace]) -> dict[str, Any]:
         j, k = first_wake_window(t)
         joined, waited = joined + j, waited + k
     kept = wakes if len(wakes) <= MAX_KEPT else list(np.quantile(wakes, np.linspace(0, 1, MAX_KEPT)))
-    return {"wake_s": float(np.median(wakes)) if wakes else 0.0,
-            "per_request_s": float(np.median(adds)) if adds else 0.0,
-            "first_wake_s": float(np.median(firsts)) if firsts else None,
-            "cold_admits_arrivals": None if joined + waited == 0 else joined >= waited,
-            "num_wakes": len(wakes), "num_adds": len(adds), "wake_samples_s": [float(w) for w in kept]}
+    return IntakeFit(wake_s=float(np.median(wakes)) if wakes else 0.0,
+                     per_request_s=float(np.median(adds)) if adds else 0.0,
+                     first_wake_s=float(np.median(firsts)) if firsts else None,
+                     cold_admits_arrivals=None if joined + waited == 0 else joined >= waited,
+                     num_wakes=len(wakes), num_adds=len(adds), wake_samples_s=[float(w) for w in kept])

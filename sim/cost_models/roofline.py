@@ -121,16 +121,16 @@ class RooflineCostModel(KernelSumCostModel):
                 raise ValueError("roofline cost model: needs a model (preset name, config.json or HF config)")
             return cls(model_shape(model, dtype or "bfloat16"), get_hardware(hardware, vllm_version), tp=tp,
                        async_scheduling=async_scheduling)
-        from sim.cost_models.calibrated import load_profile
+        from sim.cost_models.profile import load_profile
 
         prof = load_profile(profile)
-        ident = prof.get("model") or {}
+        ident = prof.model
         prof_dtype = ident.get("dtype") if ident.get("dtype") in DTYPE_BYTES else "bfloat16"
         if not ident.get("hf_config"):
             raise ValueError(f"{profile}: model.hf_config: missing, so effective FLOP/s cannot be derived")
-        measured = effective_from_coefficients(prof["coefficients"], model_shape(ident["hf_config"], prof_dtype))
+        measured = effective_from_coefficients(prof.coefficients, model_shape(ident["hf_config"], prof_dtype))
         base = get_hardware(hardware) if hardware and hardware.lower() not in CALIBRATION_ONLY else None
-        device = prof.get("device") or {}
+        device = prof.device
         name = base.name if base else f"{device.get('type', 'cpu')} (calibrated)"
         hw = Hardware(name, measured["flops"], measured["bandwidth"],
                       base.memory_bytes if base else device.get("memory_bytes"), mfu_eff=1.0, bw_eff=1.0,
@@ -138,7 +138,7 @@ class RooflineCostModel(KernelSumCostModel):
                       step_overhead=measured["step_overhead"],
                       seq_overhead=measured["seq_overhead"], note=f"measured on {device.get('name', '?')} from {profile}")
         # Without a memory size (a CPU), the KV cache gets what the calibration run gave it.
-        kv = prof.get("kv_cache") or {}
+        kv = prof.kv_cache
         kv_memory = None
         if hw.memory_bytes is None and kv.get("num_blocks") and kv.get("bytes_per_block"):
             kv_memory = int(kv["num_blocks"]) * int(kv["bytes_per_block"])

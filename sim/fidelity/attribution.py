@@ -96,8 +96,10 @@ def predicted_parts(a: Any, b: Any) -> dict[str, np.ndarray] | None:
         return None
     from sim.calibration.calibrate import step_batches, step_table
     from sim.cost_models.calibrated import CalibratedCostModel
+    from sim.cost_models.profile import profile_from
 
-    model = CalibratedCostModel(cm["coefficients"], {"parts": cm.get("parts")})
+    model = CalibratedCostModel(profile_from({"coefficients": cm["coefficients"], "parts": cm.get("parts") or {}},
+                                             f"{b.path}: meta.json cost_model"))
     table = step_table(a)
     n = len(a.steps)
     out = {"device": np.zeros(n), "host": np.zeros(n), "gap": np.zeros(n)}

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable
 
 import numpy as np
 
+from sim.cost_models.profile import ResidualTable
 from sim.plan.config import PlanConfig
 from sim.report.summary import SLO, parse_slo
 from sim.core.sources import SimRequest
@@ -219,12 +220,12 @@ class MissWatch:
 
 
 @lru_cache(maxsize=2)
-def residual_table(profile: str) -> dict[str, Any]:
+def residual_table(profile: str) -> ResidualTable:
     """The measured residual table of a calibration profile (see sim.cost_models.residuals)."""
-    from sim.cost_models.calibrated import load_profile
+    from sim.cost_models.profile import load_profile
 
-    table = load_profile(profile).get("residuals")
-    if not table:
+    table = load_profile(profile).residuals
+    if table is None:
         raise ValueError(f"{profile}: residuals: missing (a profile from an older sim calibrate); recalibrate")
     return table
 
