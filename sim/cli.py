@@ -11,12 +11,18 @@ import argparse
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sim.cost_models.hardware import hardware_help
 from sim.flags import OneLineParser, add_engine_flags, config_error, recorded_or_flag
 from sim.plan.config import DEFAULT_HARDWARE, DEFAULT_MODEL
 from traces.recorder import TRACE_LEVELS
+
+if TYPE_CHECKING:
+    from engine.core.config import CacheConfig, SchedulerConfig
+    from sim.core.simulator import SimResult
+    from sim.core.sources import Source
+    from sim.cost_models.base import CostModel
 
 DEFAULT_NUM_GPU_BLOCKS = 8192
 DEFAULT_ROOFLINE_MODEL = DEFAULT_MODEL
@@ -75,7 +81,8 @@ def _json(obj: Any) -> str:
     return orjson.dumps(obj, default=str, option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS).decode()
 
 
-def build_configs(args: argparse.Namespace, source: Any, cost_model: Any) -> tuple[Any, Any, str]:
+def build_configs(args: argparse.Namespace, source: Source,
+                  cost_model: CostModel) -> tuple[SchedulerConfig, CacheConfig, str]:
     """SchedulerConfig and CacheConfig from flags, then the source trace's config, then engine defaults."""
     import dataclasses
 
@@ -128,7 +135,7 @@ def _check_flags(args: argparse.Namespace) -> None:
 
 
 def _simulate(args: argparse.Namespace, trace_dir: str, residual_seed: int | None = None,
-              progress: bool = False, announce: bool = False, overwrite: bool = False) -> tuple[Any, Any]:
+              progress: bool = False, announce: bool = False, overwrite: bool = False) -> tuple[SimResult, CostModel]:
     """One replay of `args.source` into `trace_dir`: (SimResult, cost model); `announce` prints first
     what is simulated."""
     from engine.core.config import SchedulerConfig
@@ -175,14 +182,14 @@ def _simulate(args: argparse.Namespace, trace_dir: str, residual_seed: int | Non
     return sim.run(source.requests, source.external_finishes, source.num_requests, progress=progress), cost_model
 
 
-def _recorded_vllm(source: Any) -> str | None:
+def _recorded_vllm(source: Source) -> str | None:
     """The vLLM version a recorded or imported run ran (its all-reduces are priced as that version's)."""
     if source.trace is None:
         return None
     return (source.trace.meta.get("vllm") or {}).get("version")
 
 
-def _recorded_tp(source: Any) -> int:
+def _recorded_tp(source: Source) -> int:
     """The tensor-parallel size the source trace ran with (an imported vLLM run records it), else 1."""
     if source.trace is None:
         return 1
@@ -239,7 +246,7 @@ def default_trace_dir(source: Path, now: float | None = None) -> str:
     return str(path)
 
 
-def _simulated_model(name: str, source: Any, model: Any, hardware: str,
+def _simulated_model(name: str, source: Source, model: str | dict[str, Any], hardware: str,
                      cost: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
     """What the simulated run is a run of: a recorded replay is the traced engine's model and device, a
     calibrated profile the model and device it was fitted on, a roofline the preset on the table's hardware."""

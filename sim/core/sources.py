@@ -11,10 +11,13 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.core.request import RefusedRequest, Request
 from engine.core.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from traces import Trace
 
 DEFAULT_VOCAB_SIZE = 32000
 
@@ -58,7 +61,7 @@ class Source:
     model: dict[str, Any] = field(default_factory=dict)
     # step -> [(request_id, finish_reason)]: aborts and frontend stop strings, applied before that step.
     external_finishes: dict[int, list[tuple[str, str]]] = field(default_factory=dict)
-    trace: Any = None
+    trace: Trace | None = None
     # Set before `requests` is read (the scheduler's max_model_len): a workload's longer prompts then come
     # without ids, never made, and are refused when added.
     max_prompt_tokens: int | None = None
@@ -138,7 +141,7 @@ def trace_source(path: Path, limit: int | None = None, time_scale: float = 1.0,
     return src
 
 
-def _external_finishes(trace: Any, keep: set[str]) -> dict[int, list[tuple[str, str]]]:
+def _external_finishes(trace: Trace, keep: set[str]) -> dict[int, list[tuple[str, str]]]:
     """Finish/abort rows of requests not scheduled in that step: ended from outside the scheduler (an
     abort, or a stop string the output processor found) between the previous step and this one."""
     d = trace.decisions

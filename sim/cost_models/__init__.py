@@ -5,9 +5,12 @@ extra). Each is imported only when asked for."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from sim.cost_models.base import CostModel
+
+if TYPE_CHECKING:
+    from traces import Trace
 
 COST_MODELS = ("recorded", "calibrated", "roofline", "aiconfigurator")
 
@@ -20,7 +23,7 @@ def _missing(name: str, e: ImportError) -> CostModelError:
     return CostModelError(f"--cost-model {name}: not available in this build ({e})")
 
 
-def get_cost_model(name_or_path: str, source_trace: Any = None, model: str | dict | None = None,
+def get_cost_model(name_or_path: str, source_trace: Trace | None = None, model: str | dict | None = None,
                    hardware: str | None = None, profile: str | Path | None = None,
                    residual_seed: int | None = None, tensor_parallel_size: int = 1,
                    async_scheduling: bool = True, vllm_version: str | None = None) -> CostModel:

@@ -22,8 +22,8 @@ def bundle_hardware(meta: dict[str, Any]) -> str | None:
     return next((name for name in HARDWARE if _plain(name) == label), None)
 
 
-def bundle_model(path: Path, model: Any, hardware: str | None, tp: int, async_scheduling: bool,
-                 vllm_version: str | None = None) -> KernelSumCostModel:
+def bundle_model(path: Path, model: str | dict[str, Any] | Path | None, hardware: str | None, tp: int,
+                 async_scheduling: bool, vllm_version: str | None = None) -> KernelSumCostModel:
     """A kernel sum over a bundle's `tp<N>/` tables. The model's full shape (layers, vocabulary) comes from
     `model`, since a bundle profiles one layer; its architecture must be the bundle's."""
     meta = read_bundle_meta(path)
@@ -43,8 +43,8 @@ def bundle_model(path: Path, model: Any, hardware: str | None, tp: int, async_sc
     return KernelSumCostModel("profile", ProfileKernels(path, tp), shape, hw, tp, async_scheduling)
 
 
-def aiconfigurator_model(model: Any, hardware: str | None, tp: int, async_scheduling: bool,
-                         vllm_version: str | None = None) -> KernelSumCostModel:
+def aiconfigurator_model(model: str | dict[str, Any] | Path | None, hardware: str | None, tp: int,
+                         async_scheduling: bool, vllm_version: str | None = None) -> KernelSumCostModel:
     from sim.cost_models.aiconfigurator import AIConfiguratorKernels
 
     if model is None or hardware is None:

@@ -10,12 +10,15 @@ with another config can take more) take the median recorded step time.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from sim.cost_models.batch import StepBatch
 from sim.cost_models.base import CostModelDefaults, StepTiming
+
+if TYPE_CHECKING:
+    from traces import Trace
 
 
 class RecordedCostModel(CostModelDefaults):
@@ -32,7 +35,7 @@ class RecordedCostModel(CostModelDefaults):
         self.source = source
 
     @classmethod
-    def from_trace(cls, trace: Any) -> RecordedCostModel:
+    def from_trace(cls, trace: Trace) -> RecordedCostModel:
         steps = trace.steps.sort_values("step", kind="stable")
         execute = steps["execute_time"].to_numpy(dtype=float) if "execute_time" in steps else None
         return cls(steps["start"].to_numpy(dtype=float), steps["end"].to_numpy(dtype=float), str(trace.path),

@@ -15,7 +15,7 @@ order) did, including any error of B's times on the steps that are not identical
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -23,6 +23,9 @@ import pandas as pd
 from sim.report.summary import metric_label
 from sim.report.token_stats import token_times
 from traces.summary import HEADLINE_METRICS, summarize
+
+if TYPE_CHECKING:
+    from traces import Trace
 
 
 def step_parts(steps: pd.DataFrame) -> dict[str, np.ndarray]:
@@ -73,7 +76,7 @@ def warp(times: np.ndarray, steps: pd.DataFrame, starts: np.ndarray, ends: np.nd
     return np.interp(np.asarray(times, dtype=float), own, new)
 
 
-def metrics_with_ends(trace: Any, starts: np.ndarray, ends: np.ndarray) -> dict[str, Any]:
+def metrics_with_ends(trace: Trace, starts: np.ndarray, ends: np.ndarray) -> dict[str, Any]:
     """The summary metrics of `trace`'s decisions if its steps had run from `starts` to `ends`, arrivals
     kept in their places among the steps (`warp`)."""
     steps = trace.steps.sort_values("step")
@@ -88,7 +91,7 @@ def metrics_with_ends(trace: Any, starts: np.ndarray, ends: np.ndarray) -> dict[
     return summarize(req)
 
 
-def predicted_parts(a: Any, b: Any) -> dict[str, np.ndarray] | None:
+def predicted_parts(a: Trace, b: Trace) -> dict[str, np.ndarray] | None:
     """A's steps as B's calibrated cost model (from B's meta) would time them: device, host + gap folded
     into host as the simulator pays them; None when B was not run on a calibrated profile."""
     cm = (b.meta or {}).get("cost_model") or {}
@@ -111,7 +114,7 @@ def predicted_parts(a: Any, b: Any) -> dict[str, np.ndarray] | None:
     return out
 
 
-def attribute(a: Any, b: Any, pairs: np.ndarray, pairing: str = "aligned") -> dict[str, Any]:
+def attribute(a: Trace, b: Trace, pairs: np.ndarray, pairing: str = "aligned") -> dict[str, Any]:
     """The breakdown of B - A per metric (seconds, or tok/s for throughput); `pairs[i]` is the step of B
     that made the same decisions as step i of A, or -1 (traces.diff.aligned_pairs). On the unpaired steps
     B's times are the ones its calibrated cost model predicts for A's batches (when B's meta has one),

@@ -10,7 +10,7 @@ two engine runs: how much the machine's speed changed between them; sim.fidelity
 from __future__ import annotations
 
 from dataclasses import asdict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -22,6 +22,9 @@ from traces.describe import config_differences
 from traces.diff import aligned_pairs, explain_step, index_pairs, matching_steps
 from traces.summary import LATENCIES, summarize
 
+if TYPE_CHECKING:
+    from traces import Trace
+
 METRICS = tuple(f"{m}_{s}_s" for m in LATENCIES for s in ("mean", "p50", "p90", "p99")) + (
     "output_throughput_tok_s", "request_throughput_req_s", "duration_s")
 
@@ -32,7 +35,7 @@ def _rel(a: float, b: float) -> float | None:
     return (b - a) / abs(a)
 
 
-def compare_traces(a: Any, b: Any) -> dict[str, Any]:
+def compare_traces(a: Trace, b: Trace) -> dict[str, Any]:
     """The fidelity report of trace `b` against reference trace `a` (both `traces.Trace`). A trace with
     requests but no steps (a measured run brought in by `sim import-run`) has only its request metrics
     compared; `step_level_skipped` says why the rest is absent."""
@@ -69,13 +72,13 @@ def compare_traces(a: Any, b: Any) -> dict[str, Any]:
     }
 
 
-def _metrics(a: Any, b: Any) -> dict[str, dict[str, Any]]:
+def _metrics(a: Trace, b: Trace) -> dict[str, dict[str, Any]]:
     sa, sb = summarize(a.requests, a.steps), summarize(b.requests, b.steps)
     return {m: {"a": _clean(sa.get(m)), "b": _clean(sb.get(m)), "rel_error": _rel(sa.get(m), sb.get(m))}
             for m in METRICS}
 
 
-def _requests_only(a: Any, b: Any) -> dict[str, Any]:
+def _requests_only(a: Trace, b: Trace) -> dict[str, Any]:
     """The report when a trace has no steps: request metrics, and the step-level entries empty."""
     bare = [name for name, t in (("A", a), ("B", b)) if not len(t.steps)]
     which = f"{' and '.join(bare)} {'have' if len(bare) > 1 else 'has'}"
@@ -91,7 +94,7 @@ def _requests_only(a: Any, b: Any) -> dict[str, Any]:
     }
 
 
-def _speed(a: Any, b: Any) -> dict[str, Any] | None:
+def _speed(a: Trace, b: Trace) -> dict[str, Any] | None:
     shift = same_shape_speed(a, b)
     return None if shift is None else {"ratio": shift.ratio, "shapes": shift.shapes, "steps": shift.steps}
 

@@ -4,22 +4,25 @@ distribution (body or tail) it misses, which the percentile table alone hides.""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from sim.report.summary import inter_token_latencies
 from traces.summary import request_latencies
 
+if TYPE_CHECKING:
+    from traces import Trace
+
 QUANTILES = np.linspace(0.01, 0.99, 99)
 
 
-def latency_samples(trace: Any) -> dict[str, np.ndarray]:
+def latency_samples(trace: Trace) -> dict[str, np.ndarray]:
     ttft = request_latencies(trace.requests)["ttft"].to_numpy(float)
     return {"ttft": ttft[~np.isnan(ttft)], "itl": inter_token_latencies(trace.decisions, trace.steps)}
 
 
-def write_qq_plots(a: Any, b: Any, out_dir: str | Path) -> list[Path]:
+def write_qq_plots(a: Trace, b: Trace, out_dir: str | Path) -> list[Path]:
     import matplotlib
 
     matplotlib.use("Agg")

@@ -16,13 +16,18 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.core.bounded_read import read_bounded
 from sim.flags import OneLineParser
 from sim.fidelity.vllm_defaults import run_config
 from workloads.errors import WorkloadError
 from workloads.importers import json_lines, read_trace
+
+if TYPE_CHECKING:
+    import argparse
+
+    from workloads.importers import TraceRow
 
 MAX_META_BYTES = 16 << 20
 MAX_REQUESTS_BYTES = 1 << 30
@@ -265,7 +270,7 @@ def read_bench_result(path: Path, workload: str | None) -> ImportedRun:
     return ImportedRun(requests, meta, wl, arrivals_from_workload=not starts, max_tokens_from_workload=True)
 
 
-def _by_row(run: ImportedRun) -> Iterator[tuple[Any, list[RunRequest]]]:
+def _by_row(run: ImportedRun) -> Iterator[tuple[TraceRow, list[RunRequest]]]:
     """(workload TraceRow, the requests it served) in workload order: one pass over the workload, each
     prompt held only while its requests are written."""
     by_line: dict[int, list[RunRequest]] = {}
@@ -358,7 +363,7 @@ def _parser() -> OneLineParser:
     return p
 
 
-def import_run(args: Any) -> int:
+def import_run(args: argparse.Namespace) -> int:
     out, src = Path(args.output), Path(args.run)
     check_output_dir(out, args.overwrite)
     hf_config = None

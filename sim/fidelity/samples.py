@@ -9,12 +9,15 @@ from __future__ import annotations
 import math
 import tempfile
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from sim.report.summary import metric_label
 from traces.summary import HEADLINE_METRICS, SUMMARY_COLUMNS, summarize
+
+if TYPE_CHECKING:
+    from sim.report.summary import SLO
 
 
 def interval(values: list[float]) -> dict[str, float]:
@@ -25,7 +28,7 @@ def interval(values: list[float]) -> dict[str, float]:
     return {"median": float(np.median(v)), "p5": float(np.percentile(v, 5)), "p95": float(np.percentile(v, 95))}
 
 
-def sample_replays(n: int, run: Callable[[int, str], Any], slos: Any = None) -> dict[str, Any]:
+def sample_replays(n: int, run: Callable[[int, str], Any], slos: list[SLO] | None = None) -> dict[str, Any]:
     """Run `run(seed, trace_dir)` for seeds 0..n-1 and summarise each metric as median [p5-p95]."""
     import traces
 

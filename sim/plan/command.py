@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING
 
 from sim.flags import OneLineParser, add_engine_flags, config_error, sim_flags
 from sim.cost_models.hardware import HARDWARE
@@ -17,11 +17,14 @@ from sim.plan.search import (ConfigResult, PlanSpec, base_rate, base_requests, e
 from sim.plan.table import format_table, rank, recommend
 from sim.report.summary import parse_slo
 
+if TYPE_CHECKING:
+    import argparse
+
 __all__ = ["ConfigResult", "PlanConfig", "PlanSpec", "base_rate", "base_requests", "evaluate_config", "format_table", "main_plan", "rank",
            "recommend", "run_at_rate", "search_max_rate", "slo_check"]
 
 
-def _parser() -> Any:
+def _parser() -> OneLineParser:
     p = OneLineParser(prog="sim plan", description="Capacity planning: max request rate within SLOs per configuration, "
                 "ranked by cost per million output tokens.")
     p.add_argument("workload", metavar="FILE.yaml")
@@ -55,7 +58,7 @@ def _parser() -> Any:
     return p
 
 
-def _configs(args: Any) -> tuple[list[PlanConfig], list[str]]:
+def _configs(args: argparse.Namespace) -> tuple[list[PlanConfig], list[str]]:
     from sim.plan.sweep import expand_configs, parse_sweep
 
     sweep = parse_sweep(args.sweep) if args.sweep else {}
@@ -75,7 +78,7 @@ def _configs(args: Any) -> tuple[list[PlanConfig], list[str]]:
     return configs, swept
 
 
-def plan(args: Any) -> int:
+def plan(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from sim.plan.sweep import append_result, load_results, parse_price, run_sweep, validate_config

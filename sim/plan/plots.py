@@ -4,11 +4,14 @@ front (output tokens/s per replica against tokens/s per user, at each configurat
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from sim.plan.search import ConfigResult
 from sim.plan.table import PlanRow
 from sim.report.summary import SLO
+
+if TYPE_CHECKING:
+    from types import ModuleType
 
 MAX_CURVES = 12
 
@@ -78,7 +81,7 @@ def pareto_front(points: list[tuple[float, float]]) -> list[int]:
     return sorted(front, key=lambda i: points[i][0])
 
 
-def _pareto(rows: list[PlanRow], swept: list[str], out: Path, title: str, plt: Any) -> Path:
+def _pareto(rows: list[PlanRow], swept: list[str], out: Path, title: str, plt: ModuleType) -> Path:
     fig, ax = plt.subplots(figsize=(8, 5))
     usable = [r for r in rows if r.user_tok_s and r.max_rate > 0]
     pts = [(r.user_tok_s, r.output_tok_s_per_replica) for r in usable]

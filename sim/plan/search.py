@@ -15,7 +15,7 @@ import json
 import math
 from dataclasses import asdict, dataclass, field, fields
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from collections.abc import Callable, Iterable
 
 import numpy as np
@@ -24,6 +24,13 @@ from sim.cost_models.profile import ResidualTable
 from sim.plan.config import PlanConfig
 from sim.report.summary import SLO, parse_slo
 from sim.core.sources import SimRequest
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from engine.core.config import CacheConfig, SchedulerConfig
+    from engine.core.request import Request
+    from sim.cost_models.base import CostModel
 
 
 @dataclass(slots=True, kw_only=True)
@@ -70,7 +77,7 @@ def base_rate(reqs: tuple[SimRequest, ...]) -> float:
     return (len(reqs) - 1) / (reqs[-1].arrival - reqs[0].arrival)
 
 
-def slo_check(requests: Any, slos: list[SLO], num_requests: int | None = None, rate: float | None = None,
+def slo_check(requests: pd.DataFrame, slos: list[SLO], num_requests: int | None = None, rate: float | None = None,
               min_served_ratio: float = 0.0) -> dict[str, Any]:
     """Measured value of each SLO and the verdict. Requests that did not finish (rejected, stalled, or
     never simulated: `num_requests` counts them) are infinitely late; a one-token request has no TPOT.
@@ -136,7 +143,7 @@ def search_max_rate(meets: Callable[[float], bool], start: float, tol: float,
             hi = mid
 
 
-def build_cluster_parts(config: PlanConfig) -> tuple[Any, Any, Any]:
+def build_cluster_parts(config: PlanConfig) -> tuple[SchedulerConfig, CacheConfig, CostModel]:
     """(SchedulerConfig, CacheConfig, cost model) of a configuration; KV blocks from the roofline model."""
     from sim.cost_models.roofline import RooflineCostModel
 
@@ -151,7 +158,7 @@ def build_cluster_parts(config: PlanConfig) -> tuple[Any, Any, Any]:
     return sched, cache, cost
 
 
-def _median_tpot(done: Any) -> float | None:
+def _median_tpot(done: pd.DataFrame) -> float | None:
     """Median time per output token after the first: its inverse is the decode speed one user sees."""
     from traces.summary import request_latencies
 
@@ -159,7 +166,7 @@ def _median_tpot(done: Any) -> float | None:
     return float(tpot.median()) if len(tpot) else None
 
 
-def _latency(req: Any, metric: str) -> float:
+def _latency(req: Request, metric: str) -> float:
     """One finished request's latency (NaN: a TPOT of one token); inf for a request that did not finish."""
     if req.status.finish_reason not in ("stop", "length"):
         return math.inf
@@ -175,7 +182,7 @@ def _latency(req: Any, metric: str) -> float:
 
 # Latencies a request still in flight is already known to miss once it has waited past the threshold
 # without reaching the latency's end: its first token, its first schedule, its finish.
-_STILL_OPEN: dict[str, Callable[[Any], float | None]] = {
+_STILL_OPEN: dict[str, Callable[[Request], float | None]] = {
     "ttft": lambda r: r.first_token_time, "queue": lambda r: r.first_scheduled_time, "e2e": lambda r: r.finished_time}
 
 
@@ -199,7 +206,7 @@ class MissWatch:
         missed.add(request_id)
         return len(missed) >= self.limits[i]
 
-    def ended(self, req: Any) -> bool:
+    def ended(self, req: Request) -> bool:
         """A request finished or was rejected; True once the verdict is a miss."""
         lost = False
         for i, slo in enumerate(self.slos):
@@ -207,7 +214,7 @@ class MissWatch:
                 lost |= self._miss(i, req.request_id)
         return lost
 
-    def in_flight(self, now: float, requests: Iterable[Any]) -> bool:
+    def in_flight(self, now: float, requests: Iterable[Request]) -> bool:
         """The requests still in flight at `now`; True once the verdict is a miss."""
         lost = False
         for req in requests:
@@ -232,7 +239,7 @@ def residual_table(profile: str) -> ResidualTable:
 
 def run_at_rate(spec: PlanSpec, config: PlanConfig, rate: float, trace_dir: str | None = None,
                 watch: MissWatch | None = None, residual_seed: int | None = None,
-                overwrite: bool = False) -> Any:
+                overwrite: bool = False) -> pd.DataFrame | None:
     """The cluster's requests table with the workload's arrivals scaled to `rate` requests/s (`watch` may
     stop the run early, see `Cluster.run`); with `residual_seed`, step times carry one seeded draw of the
     profile's measured scatter."""

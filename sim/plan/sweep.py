@@ -13,15 +13,17 @@ import json
 import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
 
 from sim.plan.config import SWEEP_KEYS, PlanConfig, field_type
-from sim.plan.search import ConfigResult
+from sim.plan.search import ConfigResult, PlanSpec
+
+# What `--sweep` parses a value into (sim.plan.config.field_type): a PlanConfig field's value.
+SweepValue = int | float | bool | str
 
 _BOOLS = {"true": True, "on": True, "1": True, "yes": True, "false": False, "off": False, "0": False, "no": False}
 
 
-def _value(key: str, text: str) -> list[Any]:
+def _value(key: str, text: str) -> list[SweepValue]:
     kind = field_type(key)
     if kind is int:
         m = re.fullmatch(r"(\d+)\.\.(\d+)", text)
@@ -45,10 +47,10 @@ def _value(key: str, text: str) -> list[Any]:
     return [text]
 
 
-def parse_sweep(text: str) -> dict[str, list[Any]]:
+def parse_sweep(text: str) -> dict[str, list[SweepValue]]:
     """`replicas=1..4,max_num_seqs=64,128,router=round_robin` -> {key: values}: a part with `=` starts
     a key, the parts after it until the next key are more values of it."""
-    out: dict[str, list[Any]] = {}
+    out: dict[str, list[SweepValue]] = {}
     key = None
     for part in (p.strip() for p in text.split(",")):
         if not part:
@@ -80,7 +82,7 @@ def parse_price(text: str) -> dict[str, float]:
     return out
 
 
-def expand_configs(sweep: dict[str, list[Any]], base: PlanConfig) -> list[PlanConfig]:
+def expand_configs(sweep: dict[str, list[SweepValue]], base: PlanConfig) -> list[PlanConfig]:
     """Every combination of the swept values over `base`, in a fixed order."""
     keys = sorted(sweep)
     return [dataclasses.replace(base, **dict(zip(keys, combo))) for combo in itertools.product(*(sweep[k] for k in keys))]
@@ -132,11 +134,11 @@ def append_result(path: str | Path, plan_id: str, config: PlanConfig, result: Co
         f.flush()
 
 
-Task = Callable[[Any, PlanConfig], ConfigResult]
+Task = Callable[[PlanSpec, PlanConfig], ConfigResult]
 Done = Callable[[PlanConfig, ConfigResult], None]
 
 
-def run_local(fn: Task, spec: Any, configs: list[PlanConfig], jobs: int, on_done: Done) -> None:
+def run_local(fn: Task, spec: PlanSpec, configs: list[PlanConfig], jobs: int, on_done: Done) -> None:
     """`jobs` worker processes (inline when 1): each keeps its own cache of the workload's requests."""
     if jobs <= 1 or len(configs) <= 1:
         for config in configs:
@@ -155,7 +157,7 @@ def run_local(fn: Task, spec: Any, configs: list[PlanConfig], jobs: int, on_done
             raise
 
 
-def run_ray(fn: Task, spec: Any, configs: list[PlanConfig], address: str, on_done: Done,
+def run_ray(fn: Task, spec: PlanSpec, configs: list[PlanConfig], address: str, on_done: Done,
             num_cpus: int | None = None) -> None:
     """One Ray task per configuration; `address` 'auto' joins a running cluster or starts a local one."""
     try:
@@ -179,7 +181,7 @@ def run_ray(fn: Task, spec: Any, configs: list[PlanConfig], address: str, on_don
             ray.shutdown()
 
 
-def run_sweep(fn: Task, spec: Any, configs: Iterable[PlanConfig], on_done: Done, jobs: int = 1,
+def run_sweep(fn: Task, spec: PlanSpec, configs: Iterable[PlanConfig], on_done: Done, jobs: int = 1,
               ray_address: str | None = None, ray_num_cpus: int | None = None) -> None:
     configs = list(configs)
     if not configs:

@@ -6,7 +6,7 @@ import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import pandas as pd
@@ -14,6 +14,12 @@ import pandas as pd
 from sim.report.token_stats import TokenStats, stream_token_stats, token_times
 from traces.schema import REQUEST_COLUMNS
 from traces.summary import LATENCIES, format_summary, request_latencies, summarize
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+    from pandas.api.extensions import ExtensionArray
+
+    from traces import Trace
 
 SLO_METRICS = ("ttft", "tpot", "e2e", "queue")
 _UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6}
@@ -85,6 +91,19 @@ class SummaryTrace:
     tokens: TokenStats
 
 
+class HasRequests(Protocol):
+    """What request_metrics reads of a loaded trace: its requests table."""
+
+    requests: pd.DataFrame
+
+
+class TraceTables(HasRequests, Protocol):
+    """What the summary reads of a trace loaded whole (a `traces.Trace`, or any object with these tables)."""
+
+    steps: pd.DataFrame
+    decisions: pd.DataFrame
+
+
 def load_for_summary(path: str | Path) -> SummaryTrace:
     """Requests and steps as the summary reads them (their columns only, request ids as Categoricals), and
     the decisions walked a record batch at a time into TokenStats: a 200k-request replay's ~15M decision
@@ -135,12 +154,12 @@ def _release_memory() -> None:
         pass
 
 
-def _ids(requests: pd.DataFrame) -> Any:
+def _ids(requests: pd.DataFrame) -> pd.Index | np.ndarray | ExtensionArray:
     ids = requests["request_id"]
     return ids.cat.categories if isinstance(ids.dtype, pd.CategoricalDtype) else ids.dropna().unique()
 
 
-def token_stats(trace: Any) -> TokenStats:
+def token_stats(trace: SummaryTrace | TraceTables) -> TokenStats:
     """The trace's TokenStats: streamed by load_for_summary, else computed from its decisions in memory."""
     tokens = getattr(trace, "tokens", None)
     return tokens if tokens is not None else TokenStats.from_token_times(*token_times(trace.decisions, trace.steps))
@@ -150,7 +169,7 @@ def token_stats(trace: Any) -> TokenStats:
 REQUEST_METRICS = {"ttft": "ttft", "tpot": "tpot", "latency": "e2e"}
 
 
-def request_metrics(trace: Any, percentiles: tuple[int, ...] = (50, 90, 99)) -> dict[str, float]:
+def request_metrics(trace: HasRequests | str | Path, percentiles: tuple[int, ...] = (50, 90, 99)) -> dict[str, float]:
     """TTFT, TPOT and latency in seconds over the finished requests, mean and percentiles (`ttft_mean`,
     `ttft_p50`, ..., `latency_p99`), with the definitions LLMServingSim and vLLM's benchmarks use, which are
     traces.summary's: TTFT = first_token - arrival, TPOT = (finish - first_token) / (output tokens - 1)
@@ -168,7 +187,7 @@ def request_metrics(trace: Any, percentiles: tuple[int, ...] = (50, 90, 99)) -> 
     return out
 
 
-def sim_summary(trace: Any, slos: list[SLO] | None = None,
+def sim_summary(trace: SummaryTrace | TraceTables, slos: list[SLO] | None = None,
                 percentiles: tuple[int, ...] = (50, 90, 99)) -> dict[str, Any]:
     """traces.summary.summarize plus ITL, total token throughput, KV usage and goodput under `slos`;
     `trace` is load_for_summary's or a whole `traces.Trace`."""
@@ -217,7 +236,8 @@ def format_sim_summary(s: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def write_plots(trace: Any, out_dir: str | Path, bins: int = 200, slos: list[SLO] | None = None) -> list[Path]:
+def write_plots(trace: SummaryTrace | Trace, out_dir: str | Path, bins: int = 200,
+                slos: list[SLO] | None = None) -> list[Path]:
     """Latency CDFs, output throughput, queue lengths and KV usage over simulated time, as PNGs, each
     titled with what was simulated; `slos` draw their thresholds and percentiles on the CDFs."""
     from traces.describe import describe_run
@@ -237,7 +257,7 @@ def write_plots(trace: Any, out_dir: str | Path, bins: int = 200, slos: list[SLO
     workload = (trace.meta.get("workload") or {}).get("name")
     title = " · ".join(x for x in (workload, describe_run(trace.meta)) if x)
 
-    def save(fig: Any, name: str) -> None:
+    def save(fig: Figure, name: str) -> None:
         path = out / name
         fig.suptitle(title, fontsize=9)
         fig.tight_layout()

@@ -13,10 +13,14 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
+    import pyarrow as pa
 
 
 @dataclass(slots=True)
@@ -50,7 +54,7 @@ class TokenStats:
 class _StepEnds:
     """Step number -> end time (NaN when missing)."""
 
-    def __init__(self, steps: Any) -> None:
+    def __init__(self, steps: pd.DataFrame) -> None:
         step_no = steps["step"].to_numpy(dtype=np.int64)
         order = np.argsort(step_no, kind="stable")
         self.step_no = step_no[order]
@@ -113,7 +117,7 @@ class TokenStream:
     """Feed `add(code, step, scheduled, finished, decode)` row arrays in step order, then `result()`.
     `add` returns False (and the stream is void) when rows go back in step: the caller then sorts in memory."""
 
-    def __init__(self, steps: Any, max_rows: int | None = None) -> None:
+    def __init__(self, steps: pd.DataFrame, max_rows: int | None = None) -> None:
         self.ends = _StepEnds(steps)
         self.counts = np.zeros(len(self.ends.step_no), dtype=np.int64)
         self.itl = _Latencies(max_rows)
@@ -221,8 +225,8 @@ class _Latencies:
         return out
 
 
-def stream_token_stats(batches: Iterable[Any], steps: Any, last_step: int | None,
-                       request_ids: Sequence[Any] = (), max_rows: int | None = None) -> TokenStats | None:
+def stream_token_stats(batches: Iterable[pa.RecordBatch], steps: pd.DataFrame, last_step: int | None,
+                       request_ids: npt.ArrayLike = (), max_rows: int | None = None) -> TokenStats | None:
     """TokenStats from decision record batches (columns step, request_id, event, phase), rows beyond
     `last_step` dropped (a trace cut short); None when the rows are not in step order. `request_ids`
     (the requests table's) are looked up in one hash table; any other id through a dict. `max_rows`:
@@ -241,11 +245,11 @@ def stream_token_stats(batches: Iterable[Any], steps: Any, last_step: int | None
     return stream.result()
 
 
-def _column(batch: Any, name: str) -> Any:
+def _column(batch: pa.RecordBatch, name: str) -> pa.Array:
     return batch.column(batch.schema.get_field_index(name))
 
 
-def _dictionary(arr: Any) -> tuple[list[Any], np.ndarray]:
+def _dictionary(arr: pa.Array) -> tuple[list[str], np.ndarray]:
     """(distinct values, per-row index into them, len(values) for a null row) of a string column."""
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -260,11 +264,11 @@ class _RequestCodes:
     """Request id -> dense integer code, the same id the same code in every batch: looked up in one hash
     table of the requests table's ids (built once), a dict only for ids it lacks (a run cut short)."""
 
-    def __init__(self, known: Sequence[Any]) -> None:
+    def __init__(self, known: npt.ArrayLike) -> None:
         self.known = pd.Index(known).unique()
-        self.extra: dict[Any, int] = {}
+        self.extra: dict[str | None, int] = {}
 
-    def codes(self, arr: Any) -> np.ndarray:
+    def codes(self, arr: pa.Array) -> np.ndarray:
         values, index = _dictionary(arr)
         lookup = np.append(self.known.get_indexer(values), -1).astype(np.int64)
         missing = np.flatnonzero(lookup < 0)
@@ -275,6 +279,6 @@ class _RequestCodes:
         return lookup[index]
 
 
-def _equals(arr: Any, value: str) -> np.ndarray:
+def _equals(arr: pa.Array, value: str) -> np.ndarray:
     values, index = _dictionary(arr)
     return np.array([v == value for v in values] + [False], dtype=bool)[index]
