@@ -2,12 +2,16 @@
 replicas 1..4 x max_num_seqs 64,128,256 x hardware h100,h200 x block size 16,32 — with the roofline
 model of llama-3.1-8b, SLOs ttft_p99=2s,tpot_p99=80ms, rate tolerance 5%.
 
-Run from the repo root: `python bench/plan_speed.py [--max-requests N] [--jobs N] [--ray ADDRESS]`.
+Run from the repo root: `python bench/plan_speed.py [--max-requests N] [--jobs N] [--ray ADDRESS] [--baseline]`.
 Prints the ranked table, then `plan 48 configs: <seconds> s` (wall time, workload loading included).
+`--baseline` runs the plan again with `--no-reuse` (every configuration simulated), checks that it prints
+the same table, and prints `ratio:` (baseline time / time).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import os
 import sys
 import time
@@ -25,6 +29,7 @@ def main() -> int:
     p.add_argument("--max-requests", type=int, default=500, help="the trace's first N requests (default 500)")
     p.add_argument("--jobs", type=int, default=None, help="worker processes (default: all cores)")
     p.add_argument("--ray", default=None, help="run on Ray instead ('auto': a local instance)")
+    p.add_argument("--baseline", action="store_true", help="also run with --no-reuse and compare")
     args = p.parse_args()
     argv = [AZURE_CONV, "--slo", "ttft_p99=2s,tpot_p99=80ms", "--sweep", SWEEP, "--max-requests",
             str(args.max_requests), "--price", "h100=2.5/h,h200=3.5/h", "--rate-tol", "0.05", "--no-progress"]
@@ -32,12 +37,31 @@ def main() -> int:
         argv += ["--jobs", str(args.jobs)]
     if args.ray:
         argv += ["--ray", args.ray]
-    start = time.perf_counter()
-    rc = main_plan(argv)
-    wall = time.perf_counter() - start
+    rc, wall, table = _timed(argv)
+    print(table, end="")
     print(f"plan 48 configs: {wall:.1f} s ({args.max_requests} requests of {AZURE_CONV}, "
           f"{args.jobs or os.cpu_count()} {'Ray workers' if args.ray else 'processes'})")
+    if args.baseline:
+        rc_base, base, base_table = _timed([*argv, "--no-reuse"])
+        same = _ranked(table) == _ranked(base_table)
+        print(f"plan 48 configs, every configuration simulated: {base:.1f} s")
+        print(f"tables identical: {'yes' if same else 'NO'}")
+        print(f"ratio: {base / wall:.2f}")
+        rc = rc or rc_base or (0 if same else 1)
     return rc
+
+
+def _timed(argv: list[str]) -> tuple[int, float, str]:
+    out = io.StringIO()
+    start = time.perf_counter()
+    with contextlib.redirect_stdout(out):
+        rc = main_plan(argv)
+    return rc, time.perf_counter() - start, out.getvalue()
+
+
+def _ranked(table: str) -> list[str]:
+    """The table without its closing count line (which says how many configurations were simulated)."""
+    return [line for line in table.splitlines() if " configurations" not in line]
 
 
 if __name__ == "__main__":

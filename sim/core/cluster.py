@@ -30,6 +30,7 @@ import pandas as pd
 
 from engine.core.config import CacheConfig, SchedulerConfig
 from engine.core.request import Request
+from sim.core.headroom import Headroom, HeadroomReport
 from sim.core.replica import Replica
 from sim.core.routers import Router, make_router
 from sim.core.sources import SimRequest, make_request
@@ -107,6 +108,7 @@ class ClusterResult:
     num_requests: int = 0
     wall_time: float = 0.0
     interrupted: bool = False
+    headroom: HeadroomReport | None = None
 
 
 class Cluster:
@@ -121,7 +123,7 @@ class Cluster:
                  meta: dict[str, Any] | None = None, seed: int = 0, vocab_size: int = 32000,
                  trace_level: str = "full", decode_runs: bool = True, overwrite: bool = False,
                  follow_recorded: bool = False, snapshot_every: int | None = None, flush_every: int = 1024,
-                 keep_requests: bool = True) -> None:
+                 keep_requests: bool = True, headroom_block_sizes: tuple[int, ...] | None = None) -> None:
         if num_replicas < 1:
             raise ValueError(f"replicas: must be >= 1, got {num_replicas}")
         if follow_recorded and num_replicas > 1:
@@ -141,6 +143,9 @@ class Cluster:
         intake = cost_model.intake if step_start is None else None
         self.replicas = [Replica(i, self, scheduler_config, cache_config, seed, vocab_size, step_start, intake,
                                  keep_requests) for i in range(num_replicas)]
+        if headroom_block_sizes is not None:  # how near the run came to its limits (sim.core.headroom)
+            for r in self.replicas:
+                r.headroom = Headroom(headroom_block_sizes)
         self.trace_dir = Path(trace_dir) if trace_dir is not None else None
         self.writer: TraceWriter | None = None
         # Several replicas number their steps cluster-wide, in the order they end; one numbers its own.
@@ -219,7 +224,16 @@ class Cluster:
                 self._close_trace(wall, interrupted)
         steps = self.replicas[0].recorder.step if self.writer is not None and not self.numbers_steps else self.num_steps
         return ClusterResult(requests=self.request_table(), num_steps=steps, sim_time=self.now, trace_dir=self.trace_dir,
-                             stopped=self.stopped, num_requests=self.num_added, wall_time=wall, interrupted=interrupted)
+                             stopped=self.stopped, num_requests=self.num_added, wall_time=wall, interrupted=interrupted,
+                             headroom=self._headroom())
+
+    def _headroom(self) -> HeadroomReport | None:
+        if self.replicas[0].headroom is None:
+            return None
+        report = HeadroomReport()
+        for r in self.replicas:
+            report.merge(r.headroom.report)
+        return report
 
     def _close_trace(self, wall: float, interrupted: bool) -> None:
         if self.writer is None:

@@ -26,6 +26,7 @@ from engine.core.sched_output import SchedulerOutput
 from engine.core.step_cycle import StepCycle
 from sim.core.cluster_runs import ReplicaRuns
 from sim.core.decode_runs import MAX_RUN
+from sim.core.headroom import Headroom
 from sim.core.runner import FakeModelRunner
 from sim.core.sources import SimRequest
 from sim.core.stepping import CycleRecorder, launch
@@ -65,6 +66,7 @@ class Replica:
         self.recorder: TraceRecorder | None = None
         self.cycle_recorder: CycleRecorder | None = None
         self.runs: ReplicaRuns | None = None
+        self.headroom: Headroom | None = None
         self.num_steps = 0
         self.stepping = False  # the time it waits for ends a step: the cluster applies it with `finish_step`
         self.idle = False  # waiting for a routed request
@@ -139,6 +141,8 @@ class Replica:
             for rid in rids:
                 self.runner.forget(rid)
                 self.live.pop(rid, None)
+                if self.headroom is not None:
+                    self.headroom.ended(rid)
 
     def finish_step(self) -> None:
         """The step's end: apply its outputs, record it, and let the runner forget what ended."""
@@ -149,10 +153,12 @@ class Replica:
         self.last = so, outputs = self.cycle.finish()
         cluster.num_steps += 1
         self.num_steps += 1
-        forget, live = self.runner.forget, self.live
+        forget, live, headroom = self.runner.forget, self.live, self.headroom
         for out in outputs.outputs:
             if out.finish_reason is not None:
                 forget(out.request_id)
+                if headroom is not None:
+                    headroom.ended(out.request_id)
                 req = live.pop(out.request_id, None)  # a rejected request ended when added
                 if req is not None:
                     cluster.ended(req)
@@ -204,7 +210,10 @@ class Replica:
                     cycle.count_decode_run(done)
                     cluster.num_steps += done
                     continue
-            self.now = start + launch(cycle, cluster.cost_model, step, self.cycle_recorder)[1].total
+            so, timing = launch(cycle, cluster.cost_model, step, self.cycle_recorder)
+            if self.headroom is not None:
+                self.headroom.scheduled(so, sched.requests, len(sched.running))
+            self.now = start + timing.total
             self.stepping = True
             yield self.now
             so, outputs = self.last
@@ -237,6 +246,8 @@ class Replica:
             self.now, cold = self.now + cold, 0.0
             if cycle.has_work():
                 so, timing = launch(cycle, cluster.cost_model, launched, self.cycle_recorder)
+                if self.headroom is not None:
+                    self.headroom.scheduled(so, self.scheduler.requests, len(self.scheduler.running))
                 device_free = max(self.now, device_free) + timing.total
                 launched += 1
                 ends.append(device_free)

@@ -52,6 +52,8 @@ def _parser() -> OneLineParser:
                    "configuration's final search N times under seeded draws of measured step-time scatter")
     p.add_argument("--residuals", default=None, metavar="PROFILE.json",
                    help="calibration profile whose measured residuals --samples draws from")
+    p.add_argument("--no-reuse", action="store_true", help="simulate every configuration, even one proven to run "
+                   "exactly as another already simulated (sim.plan.reuse)")
     p.add_argument("--json", action="store_true", help="print the ranked rows as JSON")
     p.add_argument("--no-progress", action="store_true")
     add_engine_flags(p, "plan")
@@ -81,7 +83,8 @@ def _configs(args: argparse.Namespace) -> tuple[list[PlanConfig], list[str]]:
 def plan(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from sim.plan.sweep import append_result, load_results, parse_price, run_sweep, validate_config
+    from sim.plan.reuse import run_plan
+    from sim.plan.sweep import append_result, load_results, parse_price, validate_config
 
     slos = parse_slo(args.slo)
     if not 0 < args.rate_tol < 1:
@@ -134,8 +137,8 @@ def plan(args: argparse.Namespace) -> int:
         bar.update(1)
 
     try:
-        run_sweep(evaluate_config, spec, todo, on_done, jobs=args.jobs or os.cpu_count() or 1,
-                  ray_address=args.ray)
+        reused = run_plan(spec, todo, on_done, jobs=args.jobs or os.cpu_count() or 1, ray_address=args.ray,
+                          known=results, reuse=not args.no_reuse)
     finally:
         bar.close()
     rows = rank([(c, results[c.key]) for c in configs], prices)
@@ -144,8 +147,12 @@ def plan(args: argparse.Namespace) -> int:
     else:
         print(format_table(rows, swept))
         print(recommend(rows, offered_rate, swept))
-        resumed = f" ({len(configs) - len(todo)} from {args.results})" if len(todo) < len(configs) else ""
-        print(f"{len(configs)} configurations{resumed}; SLOs: {', '.join(s.label for s in slos)}")
+        how = [f"{len(todo) - reused.configs} simulated, {reused.configs} proven to run as one simulated; "
+               f"{reused.runs_simulated} runs simulated, {reused.runs} taken from runs proven alike"] if reused.configs or reused.runs else []
+        if len(todo) < len(configs):
+            how.append(f"{len(configs) - len(todo)} from {args.results}")
+        listed = f" ({', '.join(how)})" if how else ""
+        print(f"{len(configs)} configurations{listed}; SLOs: {', '.join(s.label for s in slos)}")
     if args.plots:
         from sim.plan.plots import write_plan_plots
 

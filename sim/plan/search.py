@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable
 
 import numpy as np
 
+from sim.core.headroom import HeadroomReport
 from sim.cost_models.profile import ResidualTable
 from sim.plan.config import PlanConfig
 from sim.report.summary import SLO, parse_slo
@@ -239,10 +240,11 @@ def residual_table(profile: str) -> ResidualTable:
 
 def run_at_rate(spec: PlanSpec, config: PlanConfig, rate: float, trace_dir: str | None = None,
                 watch: MissWatch | None = None, residual_seed: int | None = None,
-                overwrite: bool = False) -> pd.DataFrame | None:
+                overwrite: bool = False, headroom: HeadroomReport | None = None) -> pd.DataFrame | None:
     """The cluster's requests table with the workload's arrivals scaled to `rate` requests/s (`watch` may
     stop the run early, see `Cluster.run`); with `residual_seed`, step times carry one seeded draw of the
-    profile's measured scatter."""
+    profile's measured scatter. `headroom` takes in how near the run came to its limits, at its
+    `peak_blocks`' block sizes (sim.core.headroom)."""
     from sim.core.cluster import Cluster
 
     reqs = base_requests(spec.workload, spec.max_requests, spec.length_scale, spec.vocab_size, config.max_model_len)
@@ -254,12 +256,16 @@ def run_at_rate(spec: PlanSpec, config: PlanConfig, rate: float, trace_dir: str 
         cost = ResidualScaled(cost, residual_table(spec.residual_profile), residual_seed)
     cluster = Cluster(config.replicas, sched, cache, cost, config.router, trace_dir=trace_dir,
                       meta={"plan": {"config": config.to_dict(), "rate": rate}}, seed=spec.seed,
-                      vocab_size=spec.vocab_size, overwrite=overwrite)
+                      vocab_size=spec.vocab_size, overwrite=overwrite,
+                      headroom_block_sizes=tuple(headroom.peak_blocks) if headroom is not None else None)
     stream = (SimRequest(request_id=r.request_id, arrival=r.arrival * scale, prompt_token_ids=r.prompt_token_ids,
                          max_tokens=r.max_tokens, add_time=r.add_time * scale, num_prompt_tokens=r.num_prompt_tokens,
                          prompt_block_hashes=r.prompt_block_hashes)
               for r in reqs)
-    return cluster.run(stream, watch).requests
+    result = cluster.run(stream, watch)
+    if headroom is not None:
+        headroom.merge(result.headroom)
+    return result.requests
 
 
 @dataclass(slots=True, kw_only=True)
@@ -279,6 +285,10 @@ class ConfigResult:
     rejected: dict[str, int] = field(default_factory=dict)
     points: list[dict[str, Any]] = field(default_factory=list)
     note: str | None = None  # why the configuration could not run at all
+    # How near its runs came to max_num_seqs and a full KV cache, all of them and the run at each rate
+    # of `points` (sim.plan.reuse reads them).
+    headroom: HeadroomReport | None = None
+    headroom_at: dict[float, HeadroomReport] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -287,32 +297,58 @@ class ConfigResult:
     def from_json(cls, data: dict[str, Any]) -> ConfigResult:
         """From a results file's `result`, written by this or an older version (fields it lacks default)."""
         known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known})
+        out = cls(**{k: v for k, v in data.items() if k in known})
+        if isinstance(data.get("headroom"), dict):
+            out.headroom = _headroom_from_json(data["headroom"])
+        out.headroom_at = {float(rate): _headroom_from_json(room) for rate, room in (data.get("headroom_at") or {}).items()
+                           if isinstance(room, dict)}
+        return out
 
 
-def evaluate_config(spec: PlanSpec, config: PlanConfig) -> ConfigResult:
-    """Max rate within the SLOs for one configuration, with every simulated point (for plots)."""
+def _headroom_from_json(room: dict[str, Any]) -> HeadroomReport:
+    """JSON made the block sizes strings."""
+    return HeadroomReport(peak_running=int(room.get("peak_running", 0)),
+                          peak_blocks={int(k): int(v) for k, v in (room.get("peak_blocks") or {}).items()},
+                          preempted=bool(room.get("preempted", False)))
+
+
+def evaluate_config(spec: PlanSpec, config: PlanConfig, headroom_block_sizes: tuple[int, ...] = (),
+                    proven: dict[float, tuple[dict[str, Any], HeadroomReport]] | None = None) -> ConfigResult:
+    """Max rate within the SLOs for one configuration, with every simulated point (for plots) and how near
+    its runs came to their limits (KV blocks at `headroom_block_sizes` and its own block size). `proven`:
+    the points (and their runs' headroom) at rates where this configuration's run is proven to be one
+    already simulated (sim.plan.reuse), taken instead of simulating it again."""
     from sim.core.stepping import SimulationError
     from traces.summary import rejections
 
     slos = parse_slo(spec.slo)
     reqs = base_requests(spec.workload, spec.max_requests, spec.length_scale, spec.vocab_size, config.max_model_len)
     points: dict[float, dict[str, Any]] = {}
+    sizes = sorted({*headroom_block_sizes, config.block_size})
+    headroom = HeadroomReport(peak_blocks=dict.fromkeys(sizes, 0))
+    headroom_at: dict[float, HeadroomReport] = {}
 
     def meets(rate: float) -> bool:
-        if rate not in points:
-            try:
-                table = run_at_rate(spec, config, rate, watch=MissWatch(slos, len(reqs)))
-                p = slo_check(table, slos, len(reqs), rate, spec.min_served_ratio)
-                p["rejected"] = rejections(table)
-                done = table[table["finish_reason"].isin(["stop", "length"])]
-                p["mean_output_tokens"] = float(done["num_output_tokens"].mean()) if len(done) else 0.0
-                p["prefix_hit_rate"] = (float(done["num_cached_tokens"].sum() / done["num_prompt_tokens"].sum())
-                                        if len(done) else 0.0)
-                p["tpot_p50"] = _median_tpot(done)
-            except SimulationError as e:
-                p = {"meets": False, "error": str(e)}
-            points[rate] = {"rate": rate, **p}
+        if rate in points:
+            return points[rate]["meets"]
+        if proven and rate in proven:
+            points[rate], headroom_at[rate] = proven[rate]
+            headroom.merge(headroom_at[rate])
+            return points[rate]["meets"]
+        room = headroom_at[rate] = HeadroomReport(peak_blocks=dict.fromkeys(sizes, 0))
+        try:
+            table = run_at_rate(spec, config, rate, watch=MissWatch(slos, len(reqs)), headroom=room)
+            p = slo_check(table, slos, len(reqs), rate, spec.min_served_ratio)
+            p["rejected"] = rejections(table)
+            done = table[table["finish_reason"].isin(["stop", "length"])]
+            p["mean_output_tokens"] = float(done["num_output_tokens"].mean()) if len(done) else 0.0
+            p["prefix_hit_rate"] = (float(done["num_cached_tokens"].sum() / done["num_prompt_tokens"].sum())
+                                    if len(done) else 0.0)
+            p["tpot_p50"] = _median_tpot(done)
+        except SimulationError as e:
+            p = {"meets": False, "error": str(e)}
+        points[rate] = {"rate": rate, **p}
+        headroom.merge(room)
         return points[rate]["meets"]
 
     try:
@@ -321,7 +357,7 @@ def evaluate_config(spec: PlanSpec, config: PlanConfig) -> ConfigResult:
         return ConfigResult(max_rate=0.0, note=str(e))
     rate, capped = search_max_rate(meets, base_rate(reqs), spec.rate_tol, spec.max_doublings)
     best = points.get(rate, {})
-    spread = sampled_max_rates(spec, config, rate, slos, len(reqs)) if spec.samples and rate > 0 else None
+    spread = sampled_max_rates(spec, config, rate, slos, len(reqs), headroom) if spec.samples and rate > 0 else None
     return ConfigResult(
         max_rate=rate, capped=capped, max_rate_interval=spread, attainment=best.get("attainment", 0.0),
         mean_output_tokens=best.get("mean_output_tokens", 0.0), prefix_hit_rate=best.get("prefix_hit_rate", 0.0),
@@ -329,11 +365,11 @@ def evaluate_config(spec: PlanSpec, config: PlanConfig) -> ConfigResult:
         slo_measured={s.label: best.get(s.label) for s in slos},
         # Admission does not depend on the rate; a run stopped early by the SLO watch may see fewer.
         rejected=max((p.get("rejected") or {} for p in points.values()), key=lambda r: sum(r.values()), default={}),
-        points=[points[r] for r in sorted(points)])
+        points=[points[r] for r in sorted(points)], headroom=headroom, headroom_at=headroom_at)
 
 
 def sampled_max_rates(spec: PlanSpec, config: PlanConfig, nominal: float, slos: list[SLO],
-                      num_requests: int) -> dict[str, Any]:
+                      num_requests: int, headroom: HeadroomReport | None = None) -> dict[str, Any]:
     """The max rate again under `spec.samples` seeded draws of the measured step-time scatter, each search
     started at the nominal answer (a few simulations each): median and p5-p95 of the max rate."""
     from sim.core.stepping import SimulationError
@@ -343,7 +379,8 @@ def sampled_max_rates(spec: PlanSpec, config: PlanConfig, nominal: float, slos: 
     for seed in range(spec.samples):
         def meets(rate: float, seed: int = seed) -> bool:
             try:
-                table = run_at_rate(spec, config, rate, watch=MissWatch(slos, num_requests), residual_seed=seed)
+                table = run_at_rate(spec, config, rate, watch=MissWatch(slos, num_requests), residual_seed=seed,
+                                    headroom=headroom)
             except SimulationError:
                 return False
             return slo_check(table, slos, num_requests, rate, spec.min_served_ratio)["meets"]

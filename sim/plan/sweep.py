@@ -169,9 +169,9 @@ def run_ray(fn: Task, spec: PlanSpec, configs: list[PlanConfig], address: str, o
         ray.init(address=None if address in ("auto", "local") else address, num_cpus=num_cpus,
                  include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
     try:
-        remote = ray.remote(num_cpus=1)(fn)
+        remote = ray.remote(num_cpus=1)(_call)  # Ray wraps functions only; `fn` may be a callable object
         spec_ref = ray.put(spec)
-        pending = {remote.remote(spec_ref, config): i for i, config in enumerate(configs)}
+        pending = {remote.remote(fn, spec_ref, config): i for i, config in enumerate(configs)}
         while pending:
             ready, _ = ray.wait(list(pending), num_returns=1)
             for ref in ready:
@@ -179,6 +179,10 @@ def run_ray(fn: Task, spec: PlanSpec, configs: list[PlanConfig], address: str, o
     finally:
         if started:
             ray.shutdown()
+
+
+def _call(fn: Task, spec: PlanSpec, config: PlanConfig) -> ConfigResult:
+    return fn(spec, config)
 
 
 def run_sweep(fn: Task, spec: PlanSpec, configs: Iterable[PlanConfig], on_done: Done, jobs: int = 1,
