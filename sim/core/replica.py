@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Generator, Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from engine.core.async_scheduler import make_scheduler
 from engine.core.config import CacheConfig, SchedulerConfig
@@ -30,11 +30,9 @@ from sim.core.headroom import Headroom
 from sim.core.runner import FakeModelRunner
 from sim.core.sources import SimRequest
 from sim.core.stepping import CycleRecorder, launch
+from sim.cost_models.base import CostModel
 from sim.cost_models.intake import Intake
 from traces.recorder import TraceRecorder
-
-if TYPE_CHECKING:
-    from sim.core.cluster import Cluster
 
 _FINISH_STATUS = {"stop": RequestStatus.FINISHED_STOPPED, "length": RequestStatus.FINISHED_LENGTH_CAPPED}
 
@@ -42,10 +40,23 @@ _FINISH_STATUS = {"stop": RequestStatus.FINISHED_STOPPED, "length": RequestStatu
 Wait = float | None
 
 
+class Loop(Protocol):
+    """What a replica reads of the event loop that drives it (sim.core.cluster.Cluster), and tells it."""
+
+    now: float  # the loop's clock: the time of the event being handled
+    next_arrival: float | None  # the next arrival not yet routed
+    num_steps: int
+    num_added: int
+    numbers_steps: bool  # the loop numbers steps across replicas (a trace of several)
+    cost_model: CostModel
+
+    def ended(self, req: Request) -> None: ...
+
+
 class Replica:
     """One engine replica: its scheduler, runner, inbox of routed requests and step policy."""
 
-    def __init__(self, index: int, cluster: Cluster, scheduler_config: SchedulerConfig,
+    def __init__(self, index: int, cluster: Loop, scheduler_config: SchedulerConfig,
                  cache_config: CacheConfig, seed: int, vocab_size: int,
                  step_start: Callable[[int], float | None] | None = None, intake: Intake | None = None,
                  keep_requests: bool = True) -> None:
