@@ -280,24 +280,27 @@ def compare(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Every `sim` command's one error path: what a command raises of these (and OS errors) is one line
+    on stderr and exit status 2 (traces.console.run_cli)."""
+    from sim.core.stepping import SimulationError
+    from traces import TraceError
     from traces.console import run_cli
 
+    errors = (TraceError, SimulationError, ValueError)  # workload, cost model and config errors are ValueErrors
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv and argv[0] == "calibrate":
-        try:
-            from sim.calibration.calibrate import main_calibrate
-        except ImportError as e:
-            print(f"sim calibrate: error: not available in this build ({e})", file=sys.stderr)
-            return 2
-        return run_cli("sim calibrate", lambda: main_calibrate(argv[1:]))
-    if argv and argv[0] == "plan":
+    command = argv[0] if argv else None
+    if command == "calibrate":
+        from sim.calibration.calibrate import main_calibrate
+
+        return run_cli("sim calibrate", lambda: main_calibrate(argv[1:]), errors)
+    if command == "plan":
         from sim.plan.command import main_plan
 
-        return run_cli("sim plan", lambda: main_plan(argv[1:]))
-    if argv and argv[0] == "import-run":
+        return run_cli("sim plan", lambda: main_plan(argv[1:]), errors)
+    if command == "import-run":
         from sim.fidelity.import_run import main_import_run
 
-        return run_cli("sim import-run", lambda: main_import_run(argv[1:]))
+        return run_cli("sim import-run", lambda: main_import_run(argv[1:]), errors)
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
@@ -306,13 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 0
-    from sim.cost_models import CostModelError
-    from sim.core.stepping import SimulationError
-    from traces import TraceError
-    from workloads import WorkloadError
-
-    return run_cli(f"sim {args.command}", lambda: replay(args) if args.command == "replay" else compare(args),
-                   (WorkloadError, TraceError, CostModelError, SimulationError, ValueError))
+    return run_cli(f"sim {args.command}", lambda: replay(args) if args.command == "replay" else compare(args), errors)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ import traces
 from engine.core.model_shapes import PRESET_NAMES, get_model_config
 from sim.cost_models.batch import StepBatch, batch_from_output
 from sim.calibration.calibrate import batches_from_trace, calibrate, main_calibrate
+from sim.cli import main as sim_main
 from sim.cost_models.calibrated import CalibratedCostModel, nnls
 from sim.cost_models.profile import CostProfile, load_profile
 from sim.cost_models.hardware import get_hardware
@@ -143,7 +144,7 @@ def test_sim_calibrate_writes_a_profile_and_prints_the_fit_error(two_traces, tmp
 
 
 def test_sim_calibrate_rejects_a_directory_that_is_not_a_trace(tmp_path, capsys):
-    assert main_calibrate([str(tmp_path), "-o", str(tmp_path / "p.json")]) == 2
+    assert sim_main(["calibrate", str(tmp_path), "-o", str(tmp_path / "p.json")]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and str(tmp_path) in err and "not a trace directory" in err
     assert not (tmp_path / "p.json").exists()
@@ -151,13 +152,13 @@ def test_sim_calibrate_rejects_a_directory_that_is_not_a_trace(tmp_path, capsys)
 
 def test_sim_calibrate_rejects_a_trace_without_steps(tmp_path, capsys):
     TraceWriter(tmp_path / "empty", META).close()
-    assert main_calibrate([str(tmp_path / "empty"), "-o", str(tmp_path / "p.json")]) == 2
+    assert sim_main(["calibrate", str(tmp_path / "empty"), "-o", str(tmp_path / "p.json")]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "no steps" in err
 
 
 def test_sim_calibrate_without_output_is_a_one_line_error(two_traces, capsys):
-    assert main_calibrate(two_traces) == 2
+    assert sim_main(["calibrate", *two_traces]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "--output" in err
 

@@ -9,7 +9,6 @@ scatter around the laws becomes the residual table the simulator samples from.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 import warnings
@@ -19,6 +18,8 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+
+from engine.core.flags import OneLineParser
 
 from sim.cost_models.batch import StepBatch, causal_pairs
 from sim.cost_models.calibrated import device_label, model_label, trace_identity
@@ -236,17 +237,10 @@ def report_lines(profile: CostProfile, output: str | None = None) -> list[str]:
     if output:
         lines.append(f"wrote {output}")
     return lines
-class _ArgError(Exception):
-    pass
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:
-        raise _ArgError(message)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="sim calibrate", description="Fit a calibrated cost model (PROFILE.json) to engine traces.")
+    p = OneLineParser(prog="sim calibrate", description="Fit a calibrated cost model (PROFILE.json) to engine traces.")
     p.add_argument("traces", nargs="+", metavar="TRACE_DIR", help="engine trace directories")
     p.add_argument("-o", "--output", required=True, metavar="PROFILE.json", help="where to write the profile")
     return p
@@ -261,33 +255,20 @@ def _load(path: str, warns: list[str]) -> Trace:
 
 
 def main_calibrate(argv: list[str] | None = None) -> int:
-    """Exit status: 0 on success, 2 (after one `sim calibrate: error:` line) on bad input."""
+    """`sim calibrate ...`; bad input raises, for `sim.cli`'s one error path (one line, exit status 2)."""
     try:
         args = build_parser().parse_args(argv)
-    except _ArgError as e:
-        print(f"sim calibrate: error: {e}", file=sys.stderr)
-        return 2
     except SystemExit as e:
         return int(e.code or 0)
     warns: list[str] = []
-    try:
-        out = Path(args.output)
-        if not out.parent.is_dir():
-            raise ValueError(f"{out}: directory {out.parent} does not exist")
-        profile, fit_warns = calibrate([_load(p, warns) for p in args.traces])
-        with replaced_when_done(out) as tmp:  # a full disk never leaves half of it over the old one
-            tmp.write_text(profile.to_json())
-    except ValueError as e:
-        print(f"sim calibrate: error: {e}", file=sys.stderr)
-        return 2
-    except OSError as e:
-        print(f"sim calibrate: error: {e.filename or out}: {e.strerror or e}", file=sys.stderr)
-        return 2
+    out = Path(args.output)
+    if not out.parent.is_dir():
+        raise ValueError(f"{out}: directory {out.parent} does not exist")
+    profile, fit_warns = calibrate([_load(p, warns) for p in args.traces])
+    with replaced_when_done(out) as tmp:  # a full disk never leaves half of it over the old one
+        tmp.write_text(profile.to_json())
     for w in warns + fit_warns:
         print(f"sim calibrate: warning: {w}", file=sys.stderr)
-    try:
-        for line in report_lines(profile, str(out)):
-            print(line)
-    except BrokenPipeError:  # `sim calibrate ... | head`: the reader went away, the profile is written
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    for line in report_lines(profile, str(out)):
+        print(line)
     return 0

@@ -12,7 +12,6 @@ import hashlib
 import json
 import math
 import re
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -391,13 +390,9 @@ def import_run(args: argparse.Namespace) -> int:
 
 
 def main_import_run(argv: list[str]) -> int:
-    """`sim import-run ...`; bad input is one line on stderr and exit status 2."""
+    """`sim import-run ...`; bad input raises, for `sim.cli`'s one error path (one line, exit status 2)."""
     try:
         args = _parser().parse_args(argv)
     except SystemExit as e:
         return int(e.code or 0)
-    try:
-        return import_run(args)
-    except ValueError as e:
-        print(f"sim import-run: error: {' '.join(str(e).split())}", file=sys.stderr)
-        return 2
+    return import_run(args)

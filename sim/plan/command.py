@@ -174,23 +174,16 @@ def plan(args: argparse.Namespace) -> int:
 
 
 def main_plan(argv: list[str]) -> int:
-    """`sim plan ...`; bad input is one line on stderr and exit status 2."""
-    from sim.cost_models import CostModelError
-    from sim.core.stepping import SimulationError
-    from workloads import WorkloadError
-
+    """`sim plan ...`; bad input raises, for `sim.cli`'s one error path (one line, exit status 2)."""
     parser = _parser()
     try:
         args = parser.parse_args(argv)
     except SystemExit as e:
         return int(e.code or 0)
+    if not os.path.isfile(args.workload):
+        raise ValueError(f"{args.workload}: no such workload file")
     try:
-        if not os.path.isfile(args.workload):
-            raise ValueError(f"{args.workload}: no such workload file")
         return plan(args)
-    except (WorkloadError, CostModelError, SimulationError, ValueError) as e:
-        print(f"sim plan: error: {' '.join(str(e).split())}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         print("sim plan: interrupted; finished configurations are in --results (rerun to resume)"
               if args.results else "sim plan: interrupted", file=sys.stderr)
