@@ -52,6 +52,14 @@ def test_a_pool_the_running_requests_could_fill_proves_nothing_across_block_size
     assert not proofs.same_run(a, HeadroomReport(peak_blocks={16: 100, 32: 50}, preempted=True), b)
 
 
+def test_a_router_that_reads_the_replicas_kv_usage_voids_the_block_size_proof():
+    proofs = Proofs(SPEC)
+    room = HeadroomReport(peak_blocks={16: 10, 32: 5})
+    for router, proven in (("least_outstanding", True), ("least_kv", False)):
+        a, b = (PlanConfig(max_model_len=8192, replicas=2, router=router, block_size=size) for size in (16, 32))
+        assert proofs.same_run(a, room, b) is proven
+
+
 def test_prompts_that_share_a_first_block_prove_nothing_across_block_sizes():
     proofs = Proofs(PlanSpec(workload=str(DEFAULT_WORKLOAD), slo="ttft_p99=1s", max_requests=40))
     a, b = PlanConfig(max_model_len=8192, block_size=16), PlanConfig(max_model_len=8192, block_size=32)

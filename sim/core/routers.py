@@ -32,6 +32,9 @@ class ReplicaView(Protocol):
 
 class Router(Protocol):
     name: str
+    # Whether a decision can depend on the replicas' KV blocks (their size, their count): a plan proves a
+    # configuration runs as one of another block size only behind a router that never reads them.
+    reads_blocks: bool
 
     def route(self, request: Request, replicas: Sequence[ReplicaView]) -> int:
         """Index of the replica that serves `request`."""
@@ -44,6 +47,7 @@ def _least_outstanding(replicas: Sequence[ReplicaView]) -> int:
 
 class RoundRobin:
     name = "round_robin"
+    reads_blocks = False
 
     def __init__(self) -> None:
         self._next = 0
@@ -58,6 +62,7 @@ class LeastOutstanding:
     """Fewest requests queued, running or waiting to be added: the usual load balancer's choice."""
 
     name = "least_outstanding"
+    reads_blocks = False
 
     def route(self, request: Request, replicas: Sequence[ReplicaView]) -> int:
         return _least_outstanding(replicas)
@@ -67,6 +72,7 @@ class LeastKV:
     """Lowest KV cache usage (then fewest outstanding): spreads memory pressure, not request counts."""
 
     name = "least_kv"
+    reads_blocks = True
 
     def route(self, request: Request, replicas: Sequence[ReplicaView]) -> int:
         return min(replicas, key=lambda r: (r.kv_usage, r.num_outstanding, r.index)).index
@@ -76,6 +82,7 @@ class PowerOfTwo:
     """Two replicas drawn at random, the less loaded wins: near least-loaded balance without a global scan."""
 
     name = "power_of_two"
+    reads_blocks = False
 
     def __init__(self, seed: int = 0) -> None:
         self._rng = random.Random(seed)
@@ -95,6 +102,7 @@ class PrefixAffinity:
     times the lightest one (plus one) is passed over, so one hot prefix cannot take all the traffic."""
 
     name = "prefix_affinity"
+    reads_blocks = True
 
     def __init__(self, balance: float = 2.0, max_probe_blocks: int = 64, memory: int = 1 << 20) -> None:
         self.balance = balance

@@ -13,7 +13,9 @@ of one already evaluated, so its search takes the same path and its result is th
   no two prompts share a first block at the smaller size (a prefix hit needs one; with no preemption a
   request never meets its own blocks again), and both pools refuse the same requests outright.
 
-The roofline model times a step by its batch, whatever the block size or cap. Families are evaluated
+Routers that read the replicas' blocks (least KV usage, prefix affinity) void the block-size proof when
+there are several replicas. The roofline model times a step by its batch, whatever the block size or
+cap. Families are evaluated
 in rounds, at most one configuration of a family per round, so the sweep stays parallel across families.
 """
 from __future__ import annotations
@@ -27,6 +29,7 @@ from typing import Any
 
 from sim.plan.config import PlanConfig
 from sim.core.headroom import HeadroomReport
+from sim.core.routers import make_router
 from sim.core.sources import SimRequest
 from sim.plan.search import ConfigResult, PlanSpec, base_requests, build_cluster_parts, evaluate_config
 from sim.plan.sweep import Done, run_sweep
@@ -120,6 +123,8 @@ class Proofs:
         if a.block_size == b.block_size:
             return True
         if room.preempted or a.refused != b.refused:
+            return False
+        if ran.replicas > 1 and make_router(ran.router).reads_blocks:
             return False
         for lim in (a, b):
             peak = room.peak_blocks.get(lim.block_size)
