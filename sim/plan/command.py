@@ -1,5 +1,6 @@
 """`sim plan`: capacity planning. Expands the sweep into configurations, has each one's max rate within
-the SLOs searched (sim.plan.search) on local processes or Ray (sim.plan.sweep), prints them ranked with a
+the SLOs searched (sim.plan.search) on local processes or Ray (sim.plan.sweep), sparing the simulations
+proven to run as one already done (sim.plan.reuse), prints them ranked with a
 recommendation (sim.plan.table); `--plots` draws the curves the search saw and the Pareto front (sim.plan.plots).
 """
 from __future__ import annotations
