@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
     from traces import Trace
 
-SLO_METRICS = ("ttft", "tpot", "e2e", "queue")
+SLO_METRICS = (*LATENCIES, "queue")  # an SLO may also bound the time a request waits to be scheduled
 _UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6}
 
 
