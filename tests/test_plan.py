@@ -112,6 +112,13 @@ def test_ray_gives_the_same_table_as_local_processes(capsys):
     assert on_ray == local
 
 
+def test_each_configuration_s_answer_is_printed_as_it_lands(capsys):
+    assert main(["plan", *[a for a in PLAN_ARGS if a != "--no-progress"], "--jobs", "1"]) == 0
+    out, err = capsys.readouterr()
+    landed = [line for line in err.splitlines() if ": max rate " in line]
+    assert len(landed) == 4 and all(line.split(":")[0] in out for line in landed)
+
+
 def test_resume_runs_only_the_missing_configurations(tmp_path, capsys, monkeypatch):
     full = tmp_path / "full.jsonl"
     expected = _table(capsys, [*PLAN_ARGS, "--jobs", "1", "--results", str(full)])

@@ -135,6 +135,9 @@ def plan(args: argparse.Namespace) -> int:
         results[config.key] = result
         if args.results:
             append_result(args.results, plan_id, config, result)
+        if not bar.disable:  # each answer as it lands, above the bar (stdout keeps the table alone)
+            answer = result.note or f"max rate {'>=' if result.capped else ''}{result.max_rate:.3f} req/s"
+            bar.write(f"{config.label(swept)}: {answer}", file=sys.stderr)
         bar.update(1)
 
     try:
