@@ -79,7 +79,7 @@ def replay(limit: int | None, trace_dir: str, profile: bool = False, trace_level
            workload: str = AZURE_CONV) -> tuple[object, float, str, list[float | None]]:
     start = time.perf_counter()
     cm, label = cost_model()
-    blocks = cm.num_gpu_blocks(16, 0.9) if hasattr(cm, "num_gpu_blocks") else 8192
+    blocks = cm.num_gpu_blocks(16, 0.9) or 8192  # the stand-in knows no memory
     src = open_source(workload, limit=limit)
     sim = Simulator(SchedulerConfig(max_model_len=MAX_MODEL_LEN), CacheConfig(block_size=16, num_gpu_blocks=blocks),
                     cm, trace_dir, {"workload": src.meta}, trace_level=trace_level)
