@@ -121,11 +121,16 @@ def test_fake_runner_feeds_recorded_tokens_then_hashed_ones():
 class RowsOnlyWriter:
     """A writer that takes only dict rows: the recorder's fallback path, none of the shared buffers."""
 
+    columnar = False
+
     def __init__(self, writer: TraceWriter) -> None:
         self.writer = writer
 
     def write_rows(self, table, rows):
         self.writer.write_rows(table, rows)
+
+    def update_meta(self, **fields):
+        self.writer.update_meta(**fields)
 
     def flush(self):
         self.writer.flush()

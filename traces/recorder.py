@@ -5,7 +5,7 @@ Rows are kept as columns (one list per column, extended per step) and handed to 
 a simulated step costs microseconds, and a dict per decision row was a large share of them."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 from engine.core.outputs import EngineCoreOutputs
 from engine.core.request import Request
@@ -13,7 +13,7 @@ from engine.core.sched_output import SchedulerOutput
 from engine.core.scheduler import Scheduler
 from traces.decode_rows import DecodeRunRows
 from traces.schema import BLOCK_EVENT_COLUMNS, DECISION_COLUMNS, OPTIONAL_COLUMNS, STEP_COLUMNS, TABLES
-from traces.writer import TraceWriter
+from traces.runs import GridSpec, RunSpec
 
 # full: every table; steps: steps and requests (no decisions, block events or snapshots); none:
 # requests only (per-request metrics, for sweeps).
@@ -35,10 +35,32 @@ def _set_on_last_row(cols: dict[str, list[Any]], values: dict[str, Any]) -> None
         col.append(v)
 
 
+class TraceSink(Protocol):
+    """Where a recorder's rows go (a `TraceWriter`, or a wrapper such as a cluster replica's). A `columnar`
+    sink also lends the recorder its column buffers (`buffer`, `row_buffer`, `run_buffer`: no dict per row);
+    the others get each step's rows through `write_rows`."""
+
+    columnar: bool
+
+    def write_rows(self, table: str, rows: list[dict[str, Any]]) -> None: ...
+
+    def update_meta(self, **fields: Any) -> None: ...
+
+    def flush(self) -> None: ...
+
+    def close(self, compact: bool = True, **final_meta: Any) -> None: ...
+
+    def buffer(self, table: str) -> dict[str, list[Any]]: ...
+
+    def row_buffer(self, table: str) -> list[tuple]: ...
+
+    def run_buffer(self, table: str, spec: RunSpec | GridSpec) -> list[tuple] | None: ...
+
+
 class TraceRecorder(DecodeRunRows):
     """Call `on_add` for every request, `on_step` after every step, `on_abort` for aborts, `close` at the end."""
 
-    def __init__(self, writer: TraceWriter, scheduler: Scheduler, t0: float = 0.0,
+    def __init__(self, writer: TraceSink, scheduler: Scheduler, t0: float = 0.0,
                  snapshot_every: int = 1024, trace_level: str = "full") -> None:
         self.writer = writer
         self.scheduler = scheduler
@@ -50,9 +72,9 @@ class TraceRecorder(DecodeRunRows):
         self.snapshot_every = snapshot_every
         self.step = 0
         self.live: dict[str, Request] = {}
-        # Columns go straight into the writer's buffers; a writer that takes only rows (a wrapper such as
-        # a cluster replica's) gets this step's columns as rows after each step.
-        self._direct = hasattr(writer, "buffer")
+        # Columns go straight into a columnar writer's buffers; another gets this step's columns as rows
+        # after each step.
+        self._direct = writer.columnar
         names = ("decisions", "block_events")
         self._tables = ({t: writer.buffer(t) for t in names} if self._direct
                         else {t: {c: [] for c in TABLES[t] + OPTIONAL_COLUMNS.get(t, ())} for t in names})
@@ -62,8 +84,7 @@ class TraceRecorder(DecodeRunRows):
         self._event_cols = [self._tables["block_events"][c] for c in BLOCK_EVENT_COLUMNS]
         self._pending_decisions: list[tuple] = []
         self._pending_requests: list[dict[str, Any]] = []
-        run_buffer = getattr(writer, "run_buffer", None) if self._direct else None
-        self._init_decode_rows(run_buffer)
+        self._init_decode_rows(writer.run_buffer if self._direct else None)
         self.set_trace_level(trace_level)
 
     def set_trace_level(self, level: str) -> None:
@@ -74,8 +95,7 @@ class TraceRecorder(DecodeRunRows):
         self._full = level == "full"
         self._steps = level != "none"
         self.kv.events = [] if self._full else None
-        if hasattr(self.writer, "update_meta"):
-            self.writer.update_meta(trace_level=level)
+        self.writer.update_meta(trace_level=level)
 
     def on_add(self, request: Request) -> None:
         """After scheduler.add_request: remember it; a rejected one is recorded at the next step."""

@@ -52,6 +52,8 @@ class TraceWriter:
     dominate the step itself. `stream_format` defaults to Arrow for such batched writers and to JSON
     lines for one that flushes every step (a record batch per step would be mostly framing)."""
 
+    columnar = True  # lends its column buffers to a recorder (traces.recorder.TraceSink)
+
     def __init__(self, path: str | Path, meta: dict[str, Any], flush_every: int = 1,
                  extra_int_columns: tuple[str, ...] = (), stream_format: str | None = None,
                  overwrite: bool = False, write_behind: bool = False) -> None:

@@ -37,6 +37,7 @@ from sim.core.sources import SimRequest, make_request
 from sim.core.stepping import SimulationError, fewer_collections
 from sim.cost_models.base import CostModel
 from traces.recorder import TraceRecorder
+from traces.runs import GridSpec, RunSpec
 from traces.writer import TraceWriter
 
 REPLICA_COLUMN = "replica"
@@ -52,6 +53,7 @@ class _ReplicaWriter:
     which the recorder does not know, is stamped on those rows after each of this replica's steps."""
 
     _STAMPED = ("decisions", "block_events", "steps")
+    columnar = True
 
     def __init__(self, writer: TraceWriter, index: int) -> None:
         self.writer, self.index = writer, index
@@ -61,6 +63,13 @@ class _ReplicaWriter:
 
     def row_buffer(self, table: str) -> list[tuple]:
         return self.writer.row_buffer(table)
+
+    def run_buffer(self, table: str, spec: RunSpec | GridSpec) -> list[tuple] | None:
+        """None: a run's rows would carry no replica stamp, so the recorder appends them row by row."""
+        return None
+
+    def update_meta(self, **fields: Any) -> None:
+        self.writer.update_meta(**fields)
 
     def write_rows(self, table: str, rows: list[dict[str, Any]]) -> None:
         for row in rows:

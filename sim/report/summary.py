@@ -161,8 +161,9 @@ def _ids(requests: pd.DataFrame) -> pd.Index | np.ndarray | ExtensionArray:
 
 def token_stats(trace: SummaryTrace | TraceTables) -> TokenStats:
     """The trace's TokenStats: streamed by load_for_summary, else computed from its decisions in memory."""
-    tokens = getattr(trace, "tokens", None)
-    return tokens if tokens is not None else TokenStats.from_token_times(*token_times(trace.decisions, trace.steps))
+    if isinstance(trace, SummaryTrace):
+        return trace.tokens
+    return TokenStats.from_token_times(*token_times(trace.decisions, trace.steps))
 
 
 # request_metrics' names -> traces.summary's: latency is what the summary calls e2e.
