@@ -122,8 +122,7 @@ class Replica:
     def _take_inbox(self) -> None:
         """Add what was routed here, as the engine adds arrivals: the clock at each add is its arrival
         if that is later (the scheduler stamps `queued` with it)."""
-        inbox, self.inbox = self.inbox, []
-        for req, sim_req in inbox:
+        for req, sim_req in self._drain():
             if sim_req.add_time > self.now:
                 self.now = sim_req.add_time
             self.add(req, sim_req)
@@ -161,7 +160,8 @@ class Replica:
         cluster = self.cluster
         if self.recorder is not None and cluster.numbers_steps:
             self.recorder.step = cluster.num_steps
-        self.last = so, outputs = self.cycle.finish()
+        self.last = self.cycle.finish()
+        outputs = self.last[1]
         cluster.num_steps += 1
         self.num_steps += 1
         forget, live, headroom = self.runner.forget, self.live, self.headroom

@@ -40,7 +40,7 @@ class CycleRecorder:
 
 def launch(cycle: StepCycle, cost_model: CostModel, step: int,
            recorder: CycleRecorder | None) -> tuple[SchedulerOutput, StepTiming]:
-    """Schedule and launch the next step and time it (`step`: its index), for every loop: the recorder,
+    """Schedule and launch the next step and time it (`step`: its index), for every replica: the recorder,
     if the loop writes a trace, keeps the timing until it records the step."""
     so = cycle.begin()
     timing = cost_model.step_time(batch_from_output(so), step)
