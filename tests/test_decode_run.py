@@ -121,7 +121,23 @@ def test_a_run_ends_before_the_step_that_reaches_a_requests_length_limit():
     assert DecodeRun.plan(sched, 60, upcoming).steps == 7
 
 
-def test_no_run_while_a_request_waits_or_under_async_scheduling():
+@pytest.mark.parametrize("policy", ["fcfs", "priority"])
+def test_a_request_waiting_behind_taken_seats_leaves_a_run_as_the_same_steps_taken_one_by_one(policy):
+    """Every seat taken (max_num_seqs 6): the waiting request is not looked at until a seat frees."""
+    a, b = in_decode_stretch(max_num_seqs=6, policy=policy), in_decode_stretch(max_num_seqs=6, policy=policy)
+    for sched in (a, b):
+        sched.add_request(make_requests(1, num_tokens=9, start=50)[0])
+    assert ready_for_decode_run(a)
+    run = DecodeRun.plan(a, 60, upcoming)
+    assert run.num_waiting == 1 and run.admission_stop == ("r50", "max_num_seqs", 0, 0)
+    done = take(run)
+    assert done == 60
+    stops = {one_step(b).admission_stop for _ in range(done)}
+    assert state(a) == state(b) and [r.request_id for r in a.waiting] == [r.request_id for r in b.waiting]
+    assert stops == {run.admission_stop}
+
+
+def test_no_run_while_a_request_waits_for_a_free_seat_or_under_async_scheduling():
     sched = in_decode_stretch()
     sched.add_request(make_requests(1, num_tokens=5, start=50)[0])
     assert not ready_for_decode_run(sched)

@@ -111,3 +111,15 @@ def test_runs_stop_where_a_replayed_request_samples_its_stop_token(tmp_path):
     assert (ends["finish_reason"] == "stop").all()
     assert ends["num_output_tokens"].tolist() == requests.loc[stopped, "num_output_tokens"].tolist()
     _assert_same_trace(tmp_path / "both", tmp_path / "source", sched, cache)
+
+
+@pytest.mark.parametrize("trace_level", ["full", "steps"])
+def test_runs_write_the_step_by_step_trace_while_requests_wait_behind_taken_seats(tmp_path, trace_level):
+    """Four seats and a queue: most steps decode while requests wait, which runs take as well."""
+    sched = SchedulerConfig(max_model_len=4096, max_num_seqs=4, max_num_batched_tokens=512)
+    cache = CacheConfig(block_size=16, num_gpu_blocks=400)
+    sim = _assert_same_trace(tmp_path, DEFAULT_WORKLOAD, sched, cache, snapshot_every=50, trace_level=trace_level)
+    steps = pq.read_table(tmp_path / "runs" / "steps.parquet").to_pandas()
+    blocked = steps[(steps["admission_blocked"] == "max_num_seqs") & (steps["num_prefill_tokens"] == 0)]
+    assert len(blocked) > len(steps) / 2
+    assert sim.decode_runs.num_steps > 0.8 * len(blocked)

@@ -8,8 +8,10 @@ from collections.abc import Callable
 from itertools import chain, repeat
 
 from traces.runs import GridSpec, RunSpec
+from traces.schema import OPTIONAL_COLUMNS
 
 _NO_BLOCKS: tuple[int, ...] = ()
+NO_ADMISSION_STOP = (None, None, None, None)  # a steps row whose waiting queue stopped for nothing
 # The common step, every running request decoding one token, as one grid run of decision rows per step or
 # per decode run of steps (sim.core.decode_runs): (position, count, first step, n, request ids, computed counts
 # at the first step, {row: new block ids}).
@@ -19,11 +21,13 @@ DECODE_RUN = GridSpec(step="step", per_seat="request_id", counting="num_computed
 
 
 def _step_run_spec(num_usable_blocks: int) -> RunSpec:
-    """A decode run's steps rows as one run entry: (position, k, n, n, n, steps, starts, ends, blocks used,
-    the three phases); every other column is the same in each of its steps."""
-    return RunSpec(per_run=("num_decode_tokens", "num_scheduled_tokens", "num_running"),
+    """A decode run's steps rows as one run entry: (position, k, n, n, n, requests waiting, the admission
+    stop's four fields, steps, starts, ends, blocks used, the three phases); every other column is the same
+    in each of its steps."""
+    return RunSpec(per_run=("num_decode_tokens", "num_scheduled_tokens", "num_running", "num_waiting",
+                            *OPTIONAL_COLUMNS["steps"]),
                    per_row=("step", "start", "end", "kv_blocks_used", "schedule_time", "execute_time", "sample_time"),
-                   constants={"num_prefill_tokens": 0, "num_waiting": 0, "num_preempted": 0, "prefix_hit_tokens": 0,
+                   constants={"num_prefill_tokens": 0, "num_preempted": 0, "prefix_hit_tokens": 0,
                               "kv_blocks_total": num_usable_blocks, "num_new_reqs": 0, "num_finished": 0})
 
 
@@ -94,11 +98,13 @@ class DecodeRunRows:
 
     def on_decode_run(self, rids: list[str], computed0: list[int], starts: list[float], ends: list[float],
                       phases: tuple[list[float], list[float], list[float]], used: list[int],
-                      gained: dict[int, list[int]]) -> None:
+                      gained: dict[int, list[int]], num_waiting: int = 0,
+                      admission_stop: tuple[str, str, int, int] | None = None) -> None:
         """Record the steps of a decode run: every request of `rids` decodes one token per step, from
         `computed0` computed tokens; step j ran `starts[j]`..`ends[j]`, its schedule, execute and sample
         times `phases[0][j]`, `phases[1][j]`, `phases[2][j]`, with `used[j]` blocks held;
-        `gained[j * len(rids) + i]` are the blocks request i gained in step j.
+        `gained[j * len(rids) + i]` are the blocks request i gained in step j; `num_waiting` requests
+        waited in each step, not admitted for `admission_stop` (request, reason, needed, available).
         The rows are those `on_step` writes for such steps (steps table, decisions), built at once."""
         if self._event_steps:
             self._run_block_events()
@@ -118,14 +124,16 @@ class DecodeRunRows:
             t0 = self.t0
             if t0:
                 starts, ends = [s - t0 for s in starts], [e - t0 for e in ends]
-            self._step_runs.append((len(self._step_rows), k, n, n, n, range(step0, step0 + k), starts, ends, used,
-                                    *phases))
+            rid, reason, needed, available = admission_stop or NO_ADMISSION_STOP
+            self._step_runs.append((len(self._step_rows), k, n, n, n, num_waiting, reason, rid, needed, available,
+                                    range(step0, step0 + k), starts, ends, used, *phases))
         elif self._steps:
             t0, num_usable = self.t0, self._num_usable_blocks
+            rid, reason, needed, available = admission_stop or NO_ADMISSION_STOP
             rows = self._step_rows
             for j, schedule_time, execute_time, sample_time in zip(range(k), *phases):
-                rows.append((step0 + j, starts[j] - t0, ends[j] - t0, 0, n, n, n, 0, 0, used[j], num_usable, 0, 0, 0,
-                             schedule_time, execute_time, sample_time, None, None, None, None))
+                rows.append((step0 + j, starts[j] - t0, ends[j] - t0, 0, n, n, n, num_waiting, 0, used[j], num_usable,
+                             0, 0, 0, schedule_time, execute_time, sample_time, reason, rid, needed, available))
         if not self._direct:
             self._rows_to_writer()
         if self._decode_runs is not None:  # a TraceWriter: one call counts the run's steps

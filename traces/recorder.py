@@ -11,7 +11,7 @@ from engine.core.outputs import EngineCoreOutputs
 from engine.core.request import Request
 from engine.core.sched_output import SchedulerOutput
 from engine.core.scheduler import Scheduler
-from traces.decode_rows import DecodeRunRows
+from traces.decode_rows import NO_ADMISSION_STOP, DecodeRunRows
 from traces.schema import BLOCK_EVENT_COLUMNS, DECISION_COLUMNS, OPTIONAL_COLUMNS, STEP_COLUMNS, TABLES
 from traces.runs import GridSpec, RunSpec
 
@@ -19,7 +19,6 @@ from traces.runs import GridSpec, RunSpec
 # requests only (per-request metrics, for sweeps).
 TRACE_LEVELS = ("full", "steps", "none")
 _NO_BLOCKS: tuple[int, ...] = ()
-_NO_STOP = (None, None, None, None)
 _STEP_ROW = STEP_COLUMNS + OPTIONAL_COLUMNS["steps"]  # a steps row tuple's fields
 def _t(value: float | None, t0: float) -> float | None:
     return None if value is None else value - t0
@@ -154,7 +153,7 @@ class TraceRecorder(DecodeRunRows):
             sched, t0 = self.scheduler, self.t0
             num_usable = self._num_usable_blocks
             stop = so.admission_stop  # OPTIONAL_COLUMNS["steps"]: why the waiting queue stopped being admitted
-            rid, reason, needed, available = _NO_STOP if stop is None else stop
+            rid, reason, needed, available = NO_ADMISSION_STOP if stop is None else stop
             self._step_rows.append((
                 step, start - t0, end - t0, so.num_prefill_tokens, so.num_decode_tokens,
                 so.total_num_scheduled_tokens, len(sched.running), len(sched.waiting), len(so.preempted_req_ids),

@@ -1,7 +1,7 @@
 """Decode-only stretches of steps, applied to the scheduler without a SchedulerOutput per step.
 
 Most steps of a long simulation change nothing but counts: every running request decodes one token, and
-nobody waits, arrives, finishes or is preempted. For such a step `Scheduler.schedule` gives each running
+nobody arrives, finishes or is preempted, and nobody waiting is admitted (none waits, or every seat is taken). For such a step `Scheduler.schedule` gives each running
 request one token (and a block, or a block published, where it crosses its slot limit) and
 `update_from_output` appends the token sampled. A `DecodeRun` applies a stretch of such steps whose tokens
 are known in advance (a simulator's are): the KV cache manager's own `allocate_slots` at each crossing, in
@@ -19,11 +19,15 @@ from engine.core.scheduler import Scheduler
 
 def ready_for_decode_run(scheduler: Scheduler) -> bool:
     """Every running request is a plain decode and nothing else waits to happen before the next step
-    (synchronous scheduling only: async steps carry placeholders). Finishes still to be announced do not
-    count: the next schedule() only hands them on to the workers."""
+    (synchronous scheduling only: async steps carry placeholders). Requests may wait where the decodes
+    leave the scheduler no seat or token to admit them with: until a request finishes (which ends a run)
+    each step looks no further. Finishes still to be announced do not count: the next schedule() only
+    hands them on to the workers."""
     running = scheduler.running
-    if (not running or scheduler.waiting or scheduler.has_pending_outputs() or scheduler.has_placeholders
+    if (not running or scheduler.has_pending_outputs() or scheduler.has_placeholders
             or len(running) > scheduler.max_num_scheduled_tokens):
+        return False
+    if scheduler.waiting and scheduler.can_admit(scheduler.max_num_scheduled_tokens - len(running)):
         return False
     for req in running:
         if (req.num_computed_tokens != len(req.all_token_ids) - 1 or req.is_prefill_chunk
@@ -35,14 +39,18 @@ def ready_for_decode_run(scheduler: Scheduler) -> bool:
 class DecodeRun:
     """Up to `steps` decode steps of the scheduler's running requests, with the tokens each samples in
     them. The caller visits the run's block crossings in step order (`next_crossing`, `cross`), then
-    `end`s it after the steps it took; `gained` holds the blocks each crossing allocated."""
+    `end`s it after the steps it took; `gained` holds the blocks each crossing allocated. `num_waiting`
+    and `admission_stop` are those of each of its steps."""
 
     __slots__ = ("scheduler", "running", "rids", "computed0", "tokens", "steps", "crossings", "applied",
-                 "gained", "done")
+                 "gained", "done", "num_waiting", "admission_stop")
 
     def __init__(self, scheduler: Scheduler, tokens: list[list[int]], steps: int) -> None:
         self.scheduler = scheduler
         self.running = list(scheduler.running)
+        self.num_waiting = len(scheduler.waiting)
+        self.admission_stop = (scheduler.closed_admission(scheduler.max_num_scheduled_tokens - len(self.running))
+                               if self.num_waiting else None)
         self.rids = [r.request_id for r in self.running]
         self.computed0 = [r.num_computed_tokens for r in self.running]
         self.tokens = tokens

@@ -222,7 +222,7 @@ class Scheduler(SchedulerUpdate):
         running = self.running
         cached = out.scheduled_cached_reqs
         skipped: list[Request] = []
-        while waiting and budget > 0 and len(running) < self.max_num_running_reqs:
+        while waiting and self.can_admit(budget):
             req = waiting.peek_request()
             if req.num_stale_output_tokens:
                 skipped.append(waiting.pop_request())  # async: its pre-preemption output is still due
@@ -269,11 +269,18 @@ class Scheduler(SchedulerUpdate):
                 req.num_output_placeholders += 1
         else:
             if waiting:  # the loop's own condition ended it: budget spent or every seat taken
-                out.admission_stop = (waiting.peek_request().request_id,
-                                      "token_budget" if budget <= 0 else "max_num_seqs", 0, 0)
+                out.admission_stop = self.closed_admission(budget)
         if skipped:
             waiting.prepend_requests(skipped)
         return budget
+
+    def can_admit(self, budget: int) -> bool:
+        """Whether the waiting queue is looked at with `budget` tokens left: a token left and a seat free."""
+        return budget > 0 and len(self.running) < self.max_num_running_reqs
+
+    def closed_admission(self, budget: int) -> tuple[str, str, int, int]:
+        """The admission stop of a step that left `budget` tokens and did not look at the waiting queue."""
+        return (self.waiting.peek_request().request_id, "token_budget" if budget <= 0 else "max_num_seqs", 0, 0)
 
     def _preempt_in_step(self, victim: Request, for_req: Request, out: SchedulerOutput) -> int:
         """Preempt `victim` so that `for_req` gets its blocks: note why, take back what the victim was

@@ -88,7 +88,7 @@ class DecodeRuns:
             self.num_steps += done
             run.end(done)
             self.recorder.on_decode_run(run.rids, run.computed0, times.starts, times.ends, times.phases, times.used,
-                                        run.gained)
+                                        run.gained, run.num_waiting, run.admission_stop)
         return done, now
 
     def _cross(self, run: DecodeRun, at: int, step: int) -> bool:
