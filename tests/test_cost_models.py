@@ -8,6 +8,7 @@ from core_helpers import fake_output, make_requests, make_scheduler
 
 import traces
 from engine.core.model_shapes import PRESET_NAMES, get_model_config
+from sim.cost_models.base import StepTiming
 from sim.cost_models.batch import StepBatch, batch_from_output
 from sim.calibration.calibrate import batches_from_trace, calibrate, main_calibrate
 from sim.cli import main as sim_main
@@ -244,9 +245,11 @@ def test_step_time_grows_with_context_tokens():
 def test_decode_step_times_are_step_time_of_each_decode_step_to_the_bit(model, hardware, tp, async_scheduling):
     one_by_one, at_once = (RooflineCostModel.from_args(model=model, hardware=hardware, tp=tp,
                                                        async_scheduling=async_scheduling) for _ in range(2))
-    for n, context in [(1, 5), (7, 12_345), (256, 3_000_000)]:
+    for n, context in [(1, 5), (7, 12_345), (4, 1_002), (256, 3_000_000)]:  # 1002 / 4: a tie, rounded to even
         expected = [one_by_one.step_time(StepBatch(0, n, 0, n, context + n * j, 0.0), j) for j in range(200)]
-        assert at_once.decode_step_times(n, context, 200) == expected
+        times = at_once.decode_step_times(n, context, 200)
+        assert [StepTiming(device, times.host) for device in times.device] == expected
+        assert times.totals() == [t.total for t in expected]
     assert (at_once.num_steps, at_once.steps_outside) == (one_by_one.num_steps, one_by_one.steps_outside)
 
 

@@ -17,7 +17,7 @@ from itertools import accumulate
 from engine.core.decode_run import DecodeRun, ready_for_decode_run
 from engine.core.scheduler import Scheduler
 from sim.cost_models.batch import StepBatch
-from sim.cost_models.base import CostModel, StepTiming
+from sim.cost_models.base import CostModel, DecodeStepTimes
 from sim.core.runner import FakeModelRunner
 from traces.recorder import TraceRecorder
 
@@ -130,13 +130,13 @@ class DecodeRuns:
         return now
 
     def _time_at_once(self, run: DecodeRun, times: _Times, now: float, step: int, next_arrival: float | None,
-                      timings: list[StepTiming]) -> float:
+                      timings: DecodeStepTimes) -> float:
         """Time every step the run may take in one call, cut it at the first step that starts at or after
         the next arrival, then visit only its block crossings and snapshots, in step order; returns the
         clock after the last step taken."""
         steps = run.steps
         # clock[j]: when step j starts, one step after the other as `now += step time` adds them.
-        clock = list(accumulate([t.total for t in timings], initial=now))
+        clock = list(accumulate(timings.totals(), initial=now))
         bound = steps if next_arrival is None else bisect_left(clock, next_arrival, 0, steps)
         pool = self.kv.block_pool
         every = self.recorder.snapshot_every
@@ -168,7 +168,6 @@ class DecodeRuns:
             used.extend([held] * (bound - len(used)))
             del used[bound:]
             times.starts, times.ends = clock[:bound], clock[1:bound + 1]
-            taken = timings[:bound]
-            times.phases = ([0.0] * bound, [t.device for t in taken], [t.host for t in taken])
+            times.phases = ([0.0] * bound, timings.device[:bound], [timings.host] * bound)
             times.done = bound
         return clock[bound]

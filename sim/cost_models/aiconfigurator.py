@@ -319,6 +319,10 @@ class AIConfiguratorKernels:
             t += decode / self.mixed_attn_eff if shape.prefill_chunk > 0 else decode
         return t
 
+    def decode_attention(self, n_decode: int, kv_decode: list[int]) -> None:
+        """Looked up one shape at a time (`attention`), as the grid's interpolation is."""
+        return None
+
     def skew_alpha(self, shape: AttentionShape, kv_min: int, kv_max: int) -> float:
         """0: the tables measure batches of equal contexts only, so attention is priced at the mean."""
         return 0.0

@@ -27,6 +27,20 @@ class StepTiming:
         return self.device + self.host + self.gap
 
 
+@dataclass(slots=True, frozen=True)
+class DecodeStepTimes:
+    """Consecutive decode-only steps timed in one call: each one's device seconds, and the host seconds
+    each pays alike (the batch's size does not change); no gap. As StepTimings: (device[j], host)."""
+
+    device: list[float]
+    host: float
+
+    def totals(self) -> list[float]:
+        """Each step's `StepTiming.total` (its gap, 0, adds nothing)."""
+        host = self.host
+        return [d + host for d in self.device]
+
+
 class CostModel(Protocol):
     """`name` goes into the trace's meta; `describe()` into meta too (parameters, fit error...)."""
 
@@ -47,7 +61,7 @@ class CostModel(Protocol):
         """How an idle engine takes in arrivals, where the model measured it."""
         ...
 
-    def decode_step_times(self, num_seqs: int, context_tokens: int, count: int) -> list[StepTiming] | None:
+    def decode_step_times(self, num_seqs: int, context_tokens: int, count: int) -> DecodeStepTimes | None:
         """`step_time` of `count` consecutive decode-only steps in one call (the first reading
         `context_tokens` of context, each next one `num_seqs` more); None: ask step by step."""
         ...
@@ -76,7 +90,7 @@ class CostModelDefaults:
     def step_start(self, step: int) -> float | None:
         return None
 
-    def decode_step_times(self, num_seqs: int, context_tokens: int, count: int) -> list[StepTiming] | None:
+    def decode_step_times(self, num_seqs: int, context_tokens: int, count: int) -> DecodeStepTimes | None:
         return None
 
     def num_gpu_blocks(self, block_size: int, gpu_memory_utilization: float = 0.9,

@@ -58,6 +58,12 @@ class KernelTimes(Protocol):
         """One layer's attention call."""
         ...
 
+    def decode_attention(self, n_decode: int, kv_decode: list[int]) -> list[float] | None:
+        """`attention` of the decode-only shapes (0, 0, n_decode, kv) for each kv of `kv_decode` (a decode
+        run's steps), with the same float operations, none of them outside; None where the times come one
+        shape at a time (a measured grid's lookups)."""
+        ...
+
     def per_sequence(self, op: str, sequences: int) -> float:
         """One call of a SEQUENCE_OPS op over `sequences` sequences."""
         ...
@@ -165,6 +171,12 @@ class KernelSumCostModel(CostModelDefaults):
         built per step; the times are device_time's to the bit."""
         n, layers, attention = num_seqs, self.shape.num_layers, self.timer.attention
         fixed, inside = self._fixed(n, n)
+        at_once = self.timer.decode_attention(n, [round(c / n) for c in range(context_tokens, context_tokens + n * count, n)])
+        if at_once is not None:
+            self.num_steps += count
+            if not inside:
+                self.steps_outside += count
+            return [fixed + layers * a for a in at_once]
         out = []
         for context in range(context_tokens, context_tokens + n * count, n):
             before = self.timer.outside

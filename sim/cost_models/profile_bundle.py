@@ -222,6 +222,10 @@ class ProfileKernels:
         self.outside += not inside
         return t
 
+    def decode_attention(self, n_decode: int, kv_decode: list[int]) -> None:
+        """Looked up one shape at a time (`attention`), as the grid's interpolation is."""
+        return None
+
     def skew_alpha(self, shape: AttentionShape, kv_min: int, kv_max: int) -> float:
         """The share of t(kv_max) - t(kv_mean) an uneven decode batch pays, from the bucket its shape falls in
         (the batch read as a two-point mix of its shortest and longest contexts with the same mean)."""

@@ -12,7 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from sim.cost_models.base import StepTiming
+from sim.cost_models.base import DecodeStepTimes
 from sim.cost_models.batch import StepBatch, causal_pairs
 from sim.cost_models.hardware import CALIBRATION_ONLY, Hardware, get_hardware, hardware_names
 from sim.cost_models.kernels import AttentionShape, KernelSumCostModel, kv_blocks
@@ -85,6 +85,21 @@ class RooflineKernels:
         compute, memory = 4.0 * s.num_heads * s.head_dim * pairs / rate, (prefill_bytes + decode_bytes) / self._bw
         return self.hw.attn_floor + (compute if compute > memory else memory)
 
+    def decode_attention(self, n_decode: int, kv_decode: list[int]) -> list[float]:
+        """`attention`'s terms for decode-only shapes, in its order of operations (so equal to the bit),
+        without a shape object or a call per step."""
+        s = self.rank
+        q = n_decode
+        prefill_bytes = 2 * q * s.q_size * s.dtype_bytes
+        per_pair = 4.0 * s.num_heads * s.head_dim
+        rate = self._attn_flops * q / (q + self.hw.attn_half)
+        kv_bytes, bw, floor = self._kv_bytes, self._bw, self.hw.attn_floor
+        out = []
+        for kv in kv_decode:
+            compute, memory = per_pair * (n_decode * kv) / rate, (prefill_bytes + n_decode * kv * kv_bytes) / bw
+            out.append(floor + (compute if compute > memory else memory))
+        return out
+
     def skew_alpha(self, shape: AttentionShape, kv_min: int, kv_max: int) -> float:
         return 0.0
 
@@ -148,12 +163,12 @@ class RooflineCostModel(KernelSumCostModel):
         return cls(shape, hw, f"calibration profile {profile}", tp=tp, async_scheduling=False,
                    kv_cache_memory=kv_memory)
 
-    def decode_step_times(self, num_seqs: int, context_tokens: int, count: int) -> list[StepTiming]:
+    def decode_step_times(self, num_seqs: int, context_tokens: int, count: int) -> DecodeStepTimes:
         """`step_time` of `count` consecutive decode-only steps, the first reading `context_tokens` of
         context and each next one `num_seqs` more: a decode run (sim.core.decode_runs) times its steps in one
         call. The roofline has no skew, so the context's sum is all it needs."""
         host = 0.0 if self.async_scheduling else self.host_time(StepBatch(0, num_seqs, 0, num_seqs))
-        return [StepTiming(device, host) for device in self.decode_device_times(num_seqs, context_tokens, count)]
+        return DecodeStepTimes(self.decode_device_times(num_seqs, context_tokens, count), host)
 
     def num_gpu_blocks(self, block_size: int, gpu_memory_utilization: float = 0.9,
                        max_num_batched_tokens: int = 8192, kv_cache_memory: int | None = None) -> int:
