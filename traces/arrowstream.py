@@ -6,8 +6,8 @@ and then whole, length-prefixed batches, so a run killed mid-write leaves every 
 """
 from __future__ import annotations
 
+from array import array
 from collections.abc import Iterator, Sequence
-from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -51,8 +51,14 @@ def _token_lists(values: list[Any], typ: Any) -> Any:
         return pa.array(values, typ)
     offsets = np.zeros(len(values) + 1, np.int32)
     np.cumsum(np.fromiter(map(len, values), np.int64, len(values)), out=offsets[1:])
-    flat = np.fromiter(chain.from_iterable(values), np.int64, int(offsets[-1]))
-    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat), type=typ)
+    # array.fromlist copies a list of ints in C, twice as fast as np.fromiter over a chain of them.
+    flat = array("q")
+    for v in values:
+        if type(v) is list:
+            flat.fromlist(v)
+        else:
+            flat.extend(v)
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(np.frombuffer(flat, np.int64)), type=typ)
 
 
 def iter_batches(path: Path, memory_map: bool = True) -> tuple[Any, Iterator[Any], list[bool]]:
