@@ -199,5 +199,5 @@ def test_copies_of_a_request_take_its_prompt_hashes_from_the_first_without_hashi
     def no_hashing(*args):
         raise AssertionError("hashed again")
 
-    monkeypatch.setattr(request_module, "hash_block_tokens", no_hashing)
+    monkeypatch.setattr(request_module, "hash_blocks", no_hashing)
     assert make_request(dataclasses.replace(first, arrival=5.0), 16).block_hashes == fresh.block_hashes

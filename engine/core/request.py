@@ -4,7 +4,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Sequence
 
-from engine.core.hashing import BlockHash, extra_keys_for, hash_block_tokens
+from engine.core.hashing import BlockHash, extra_keys_for, hash_blocks
 from engine.core.sampling_params import SamplingParams
 
 
@@ -124,11 +124,10 @@ class Request:
         """Hash every newly completed full block, chaining from the last known hash."""
         if not self.block_size:
             return
-        bs, tokens, hashes = self.block_size, self.all_token_ids, self.block_hashes
-        parent = hashes[-1] if hashes else None
-        for i in range(len(hashes), len(tokens) // bs):
-            parent = hash_block_tokens(parent, tokens[i * bs:(i + 1) * bs], self._extra_keys)
-            hashes.append(parent)
+        hashes = self.block_hashes
+        if len(self.all_token_ids) // self.block_size > len(hashes):
+            hashes += hash_blocks(self.all_token_ids, self.block_size, len(hashes), hashes[-1] if hashes else None,
+                                  self._extra_keys)
 
     def __lt__(self, other: Request) -> bool:
         """Priority order: lower `priority` first, then earlier arrival, then id (a stable tie-break)."""
