@@ -32,7 +32,7 @@ from sim.core.headroom import HeadroomReport
 from sim.core.routers import make_router
 from sim.core.sources import SimRequest
 from sim.plan.search import ConfigResult, PlanSpec, base_requests, build_cluster_parts, evaluate_config
-from sim.plan.sweep import Done, run_sweep
+from sim.plan.sweep import Done, open_workers, run_sweep
 
 FAMILY_AXES = ("max_num_seqs", "block_size")
 
@@ -169,26 +169,35 @@ def run_plan(spec: PlanSpec, configs: Iterable[PlanConfig], on_done: Done, jobs:
         evaluated[family(config)].append((config, result))
         on_done(config, result)
 
+    proven: dict[str, Proven] = {}
+
     def simulated(config: PlanConfig, result: ConfigResult) -> None:
         taken = len(proven.get(config.key, {}).keys() & {p["rate"] for p in result.points})
         reused.runs += taken
         reused.runs_simulated += len(result.points) - taken
         record(config, result)
 
-    while True:
-        batch, proven = [], {}
-        for key, members in families.items():
+    with open_workers(jobs, ray_address) as workers:
+        def next_member(key: str) -> None:
+            """The family's next members taken from runs proven alike, up to the first to simulate, which is
+            submitted with the points proven for it (a family's members go one after the other, so the
+            families keep every worker busy)."""
+            members = families[key]
             while members:
                 head = members.pop(0)
                 source = next(((c, r) for c, r in evaluated[key] if proofs.same_search(c, r, head)), None)
                 if source is None:
-                    batch.append(head)
                     proven[head.key] = {rate: point for c, r in evaluated[key]
                                         for rate, point in proofs.proven_points(c, r, head).items()}
-                    break
+                    workers.submit(Evaluate(sizes, {head.key: proven[head.key]}), spec, head)
+                    return
                 reused.configs += 1
                 record(head, copy.deepcopy(source[1]))
-        if not batch:
-            return reused
-        run_sweep(Evaluate(sizes, proven), spec, batch, simulated, jobs, ray_address)
 
+        for key in families:
+            next_member(key)
+        while workers.pending:
+            config, result = workers.next_done()
+            simulated(config, result)
+            next_member(family(config))
+    return reused

@@ -11,8 +11,11 @@ import dataclasses
 import itertools
 import json
 import re
-from collections.abc import Callable, Iterable
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any, Protocol
 
 from sim.plan.config import SWEEP_KEYS, PlanConfig, field_type
 from sim.plan.search import ConfigResult, PlanSpec
@@ -138,47 +141,116 @@ Task = Callable[[PlanSpec, PlanConfig], ConfigResult]
 Done = Callable[[PlanConfig, ConfigResult], None]
 
 
-def run_local(fn: Task, spec: PlanSpec, configs: list[PlanConfig], jobs: int, on_done: Done) -> None:
-    """`jobs` worker processes (inline when 1): each keeps its own cache of the workload's requests."""
-    if jobs <= 1 or len(configs) <= 1:
-        for config in configs:
-            on_done(config, fn(spec, config))
-        return
-    from concurrent.futures import ProcessPoolExecutor, as_completed
+class Workers(Protocol):
+    """Where configurations are evaluated, one task each: `submit` hands one over, `next_done` waits for
+    any one to finish (in completion order); `pending` counts those submitted and not yet handed back."""
 
-    with ProcessPoolExecutor(max_workers=min(jobs, len(configs))) as pool:
-        futures = {pool.submit(fn, spec, config): i for i, config in enumerate(configs)}
+    pending: int
+
+    def submit(self, fn: Task, spec: PlanSpec, config: PlanConfig) -> None: ...
+
+    def next_done(self) -> tuple[PlanConfig, ConfigResult]: ...
+
+
+class InlineWorkers:
+    """In this process, one task at a time in submission order, each run when its result is asked for
+    (so a caller hands each on before the next one starts)."""
+
+    def __init__(self) -> None:
+        self._queue: deque[tuple[Task, PlanSpec, PlanConfig]] = deque()
+
+    @property
+    def pending(self) -> int:
+        return len(self._queue)
+
+    def submit(self, fn: Task, spec: PlanSpec, config: PlanConfig) -> None:
+        self._queue.append((fn, spec, config))
+
+    def next_done(self) -> tuple[PlanConfig, ConfigResult]:
+        fn, spec, config = self._queue.popleft()
+        return config, fn(spec, config)
+
+
+class ProcessWorkers:
+    """Local worker processes (concurrent.futures), kept for the whole sweep: each keeps its own cache of
+    the workload's requests (and their prompt hashes) from one task to the next."""
+
+    def __init__(self, pool: Any) -> None:
+        self._pool = pool
+        self._futures: dict[Any, PlanConfig] = {}
+
+    @property
+    def pending(self) -> int:
+        return len(self._futures)
+
+    def submit(self, fn: Task, spec: PlanSpec, config: PlanConfig) -> None:
+        self._futures[self._pool.submit(fn, spec, config)] = config
+
+    def next_done(self) -> tuple[PlanConfig, ConfigResult]:
+        from concurrent.futures import FIRST_COMPLETED, wait
+
+        fut = next(iter(wait(self._futures, return_when=FIRST_COMPLETED).done))
+        return self._futures.pop(fut), fut.result()
+
+    def cancel(self) -> None:
+        for fut in self._futures:
+            fut.cancel()
+
+
+class RayWorkers:
+    """One Ray task per configuration."""
+
+    def __init__(self, ray: Any) -> None:
+        self._ray = ray
+        self._remote = ray.remote(num_cpus=1)(_call)  # Ray wraps functions only; `fn` may be a callable object
+        self._specs: dict[int, Any] = {}
+        self._refs: dict[Any, PlanConfig] = {}
+
+    @property
+    def pending(self) -> int:
+        return len(self._refs)
+
+    def submit(self, fn: Task, spec: PlanSpec, config: PlanConfig) -> None:
+        ref = self._specs.get(id(spec))
+        if ref is None:
+            ref = self._specs[id(spec)] = self._ray.put(spec)
+        self._refs[self._remote.remote(fn, ref, config)] = config
+
+    def next_done(self) -> tuple[PlanConfig, ConfigResult]:
+        (ref,), _ = self._ray.wait(list(self._refs), num_returns=1)
+        return self._refs.pop(ref), self._ray.get(ref)
+
+
+@contextmanager
+def open_workers(jobs: int = 1, ray_address: str | None = None, ray_num_cpus: int | None = None) -> Iterator[Workers]:
+    """Inline (`jobs` 1), `jobs` local processes, or a Ray cluster (`ray_address`; 'auto' joins a running
+    cluster or starts a local one), for as long as the block runs."""
+    if ray_address:
         try:
-            for fut in as_completed(futures):
-                on_done(configs[futures[fut]], fut.result())
-        except BaseException:
-            for fut in futures:
-                fut.cancel()
-            raise
-
-
-def run_ray(fn: Task, spec: PlanSpec, configs: list[PlanConfig], address: str, on_done: Done,
-            num_cpus: int | None = None) -> None:
-    """One Ray task per configuration; `address` 'auto' joins a running cluster or starts a local one."""
-    try:
-        import ray
-    except ImportError:
-        raise ValueError("--ray: ray is not installed (pip install ray)") from None
-    started = not ray.is_initialized()
-    if started:
-        ray.init(address=None if address in ("auto", "local") else address, num_cpus=num_cpus,
-                 include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
-    try:
-        remote = ray.remote(num_cpus=1)(_call)  # Ray wraps functions only; `fn` may be a callable object
-        spec_ref = ray.put(spec)
-        pending = {remote.remote(fn, spec_ref, config): i for i, config in enumerate(configs)}
-        while pending:
-            ready, _ = ray.wait(list(pending), num_returns=1)
-            for ref in ready:
-                on_done(configs[pending.pop(ref)], ray.get(ref))
-    finally:
+            import ray
+        except ImportError:
+            raise ValueError("--ray: ray is not installed (pip install ray)") from None
+        started = not ray.is_initialized()
         if started:
-            ray.shutdown()
+            ray.init(address=None if ray_address in ("auto", "local") else ray_address, num_cpus=ray_num_cpus,
+                     include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
+        try:
+            yield RayWorkers(ray)
+        finally:
+            if started:
+                ray.shutdown()
+    elif jobs <= 1:
+        yield InlineWorkers()
+    else:
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(max_workers=jobs) as pool:
+            workers = ProcessWorkers(pool)
+            try:
+                yield workers
+            except BaseException:
+                workers.cancel()
+                raise
 
 
 def _call(fn: Task, spec: PlanSpec, config: PlanConfig) -> ConfigResult:
@@ -187,10 +259,12 @@ def _call(fn: Task, spec: PlanSpec, config: PlanConfig) -> ConfigResult:
 
 def run_sweep(fn: Task, spec: PlanSpec, configs: Iterable[PlanConfig], on_done: Done, jobs: int = 1,
               ray_address: str | None = None, ray_num_cpus: int | None = None) -> None:
+    """Every configuration evaluated by `fn`, each handed to `on_done` as it finishes."""
     configs = list(configs)
     if not configs:
         return
-    if ray_address:
-        run_ray(fn, spec, configs, ray_address, on_done, ray_num_cpus)
-    else:
-        run_local(fn, spec, configs, jobs, on_done)
+    with open_workers(min(jobs, len(configs)), ray_address, ray_num_cpus) as workers:
+        for config in configs:
+            workers.submit(fn, spec, config)
+        while workers.pending:
+            on_done(*workers.next_done())
