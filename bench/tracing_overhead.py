@@ -1,7 +1,7 @@
 """Cost of tracing in the engine's hot loop: the same requests with tracing off and on, alternating,
 median over repeats. Prints mean step time for each, `ratio: on / off`, the recorder's own time per
 step (its on_add, on_step and on_abort calls, timed around them in the traced runs), that time as a share
-of an untraced step, and the median of each repeat's own on / off ratio.
+of an untraced step, and the median of each repeat's own on / off ratio (the pair's order alternating).
 
     python bench/tracing_overhead.py [--repeats 5] [--num-seqs 32] [--threads 1]
 """
@@ -74,11 +74,14 @@ def main() -> None:
     prompts = [{"prompt_token_ids": [5 + (i * 7 + j) % 4000 for j in range(32 + (i * 37) % 160)]}
                for i in range(args.num_seqs)]
     off, on, recorder = [], [], []
-    for _ in range(args.repeats):
-        off.append(one_run(False, args, prompts)[0])
-        step, inside = one_run(True, args, prompts)
-        on.append(step)
-        recorder.append(inside)
+    for i in range(args.repeats):
+        # Which run of a pair goes first alternates, so that whatever the second run of a pair pays
+        # (a warmer or a fuller machine) falls on each side equally often.
+        for traced in ((False, True) if i % 2 == 0 else (True, False)):
+            step, inside = one_run(traced, args, prompts)
+            (on if traced else off).append(step)
+            if traced:
+                recorder.append(inside)
     off_ms, on_ms = statistics.median(off) * 1e3, statistics.median(on) * 1e3
     recorder_s = statistics.median(recorder)
     print(f"tracing off: {off_ms:.3f} ms/step")
@@ -86,9 +89,10 @@ def main() -> None:
     print(f"recorder: {recorder_s * 1e6:.1f} us/step")
     # The recorder's own time is measured around its calls, so its share resolves what the ratio of two
     # noisy step times cannot on a shared machine; the paired ratio compares each traced run with the
-    # untraced run just before it, so drift between repeats cancels.
+    # untraced run beside it, so drift between repeats cancels.
     print(f"recorder share: {recorder_s * 1e3 / off_ms * 100:.2f} % of an untraced step")
-    print(f"paired ratio: {statistics.median(b / a for a, b in zip(off, on)):.3f} (median of each repeat's on / off)")
+    print(f"paired ratio: {statistics.median(b / a for a, b in zip(off, on)):.3f} (median of each repeat's on / off,"
+          " the traced run first in every other pair)")
     print(f"ratio: {on_ms / off_ms:.3f}")
 
 

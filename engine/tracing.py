@@ -1,12 +1,15 @@
 """OpenTelemetry for the engine: start-up, step and request spans, built off the hot loop.
 
-The SDK costs tens of microseconds per span, so the step loop only records monotonic timestamps
-into a queue; a background thread turns them into spans with explicit start and end times. Spans
-always go to the trace directory as OTLP JSON lines, and to an OTLP/HTTP endpoint when one is given.
+The SDK costs tens of microseconds per span, so the step loop only records monotonic timestamps as
+plain items; a child process (engine.span_process) turns them into spans with explicit start and end
+times. Spans always go to the trace directory as OTLP JSON lines, and to an OTLP/HTTP endpoint when one
+is given.
 """
 from __future__ import annotations
 
-import queue
+import json
+import os
+import subprocess
 import sys
 import threading
 import time
@@ -104,49 +107,72 @@ def make_tracer_provider(spans_path: str | Path | None = None, otlp_endpoint: st
     return provider
 
 
-class EngineSpans:
-    """Queue of timestamped events in; spans out on a daemon thread. Times are time.monotonic()."""
+# What the engine hands to the span process (engine.span_process), as JSON: plain tuples and dicts, built
+# in microseconds on the hot loop; the SDK's spans (tens of microseconds each) and their OTLP encoding are
+# made there, so they take no share of this process's interpreter lock.
+def prepare_item(phases: list[tuple[str, float, float]]) -> tuple:
+    return ("prepare", phases)
 
-    def __init__(self, provider: TracerProvider, model_name: str) -> None:
-        self.provider = provider
+
+def step_item(step: int, times: tuple[float, float, float, float, float], attrs: dict[str, Any]) -> tuple:
+    """times: schedule start, schedule end (= execute start), execute end, sample end, step end."""
+    return ("step", step, times, attrs)
+
+
+def request_item(r: Request) -> tuple:
+    """GenAI semantic-convention names (provider name required since semconv 1.37; prefix-cache hits as
+    `cache_read.input_tokens`), plus the `gen_ai.latency.*` breakdown vLLM puts on llm_request; the model's
+    name is the span builder's."""
+    p = r.sampling_params
+    end = r.finished_time if r.finished_time is not None else time.monotonic()
+    attrs: dict[str, Any] = {
+        "gen_ai.operation.name": "text_completion",
+        "gen_ai.provider.name": PROVIDER_NAME,
+        "gen_ai.request.id": r.request_id,
+        "gen_ai.request.max_tokens": r.max_tokens or 0,
+        "gen_ai.request.temperature": p.temperature,
+        "gen_ai.request.top_p": p.top_p,
+        "gen_ai.request.top_k": p.top_k,
+        "gen_ai.usage.input_tokens": r.num_prompt_tokens,
+        "gen_ai.usage.cache_read.input_tokens": max(r.num_cached_tokens, 0),
+        "gen_ai.usage.output_tokens": r.num_output_tokens,
+        "gen_ai.response.finish_reasons": [r.get_finish_reason() or "unfinished"],
+        "gen_ai.latency.e2e": end - r.arrival_time,
+        "stepscope.num_preemptions": r.num_preemptions,
+    }
+    if p.seed is not None:
+        attrs["gen_ai.request.seed"] = p.seed
+    if p.stop:
+        attrs["gen_ai.request.stop_sequences"] = list(p.stop)
+    if r.first_scheduled_time is not None:
+        attrs["gen_ai.latency.time_in_queue"] = r.first_scheduled_time - r.arrival_time
+        if r.first_token_time is not None:
+            attrs["gen_ai.latency.time_to_first_token"] = r.first_token_time - r.arrival_time
+            attrs["gen_ai.latency.time_in_model_prefill"] = r.first_token_time - r.first_scheduled_time
+            attrs["gen_ai.latency.time_in_model_decode"] = end - r.first_token_time
+    return ("request", r.arrival_time, end, attrs)
+
+
+class SpanBuilder:
+    """Items in (as `json.loads` gives them back), SDK spans out with explicit start and end times.
+    Times are time.monotonic() of the engine's process, placed on the wall clock by its (mono0, ns0)."""
+
+    def __init__(self, provider: TracerProvider, model_name: str, mono0: float, ns0: int) -> None:
         self.tracer = provider.get_tracer("stepscope.engine")
         self.model_name = model_name
-        self._mono0 = time.monotonic()
-        self._ns0 = time.time_ns()
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._drain, name="stepscope-spans", daemon=True)
-        self._thread.start()
+        self._mono0, self._ns0 = mono0, ns0
 
     def to_ns(self, mono: float) -> int:
         return self._ns0 + int((mono - self._mono0) * 1e9)
 
-    # ---- producers (cheap: one tuple into a queue) ----------------------------------------------
-    def prepare_model(self, phases: list[tuple[str, float, float]]) -> None:
-        self._queue.put(("prepare", phases))
-
-    def step(self, step: int, times: tuple[float, float, float, float, float], attrs: dict[str, Any]) -> None:
-        """times: schedule start, schedule end (= execute start), execute end, sample end, step end."""
-        self._queue.put(("step", step, times, attrs))
-
-    def request(self, req: Request) -> None:
-        self._queue.put(("request", req))
-
-    def shutdown(self) -> None:
-        self._queue.put(None)
-        self._thread.join(timeout=30)
-        self.provider.force_flush()
-        self.provider.shutdown()
-
-    # ---- the consumer ---------------------------------------------------------------------------
-    def _drain(self) -> None:
-        while (item := self._queue.get()) is not None:
-            kind = item[0]
-            if kind == "step":
-                self._step_spans(*item[1:])
-            elif kind == "request":
-                self._request_span(item[1])
-            else:
-                self._prepare_spans(item[1])
+    def build(self, item: list) -> None:
+        kind = item[0]
+        if kind == "step":
+            self._step_spans(*item[1:])
+        elif kind == "request":
+            self._request_span(*item[1:])
+        else:
+            self._prepare_spans(item[1])
 
     def _span(self, name: str, start: float, end: float, parent=None, attrs: dict | None = None):
         ctx = trace.set_span_in_context(parent) if parent is not None else None
@@ -154,14 +180,14 @@ class EngineSpans:
         span.end(end_time=self.to_ns(end))
         return span
 
-    def _prepare_spans(self, phases: list[tuple[str, float, float]]) -> None:
+    def _prepare_spans(self, phases: list) -> None:
         root = self.tracer.start_span("Prepare model", start_time=self.to_ns(phases[0][1]),
                                       attributes={"gen_ai.request.model": self.model_name})
         for name, start, end in phases:
             self._span(name, start, end, root)
         root.end(end_time=self.to_ns(phases[-1][2]))
 
-    def _step_spans(self, step: int, times: tuple, attrs: dict[str, Any]) -> None:
+    def _step_spans(self, step: int, times: list, attrs: dict[str, Any]) -> None:
         t_sched, t_exec, t_sample, t_update, t_end = times
         root = self.tracer.start_span("step", start_time=self.to_ns(t_sched), attributes={"step": step, **attrs})
         self._span("schedule", t_sched, t_exec, root)
@@ -169,38 +195,77 @@ class EngineSpans:
         self._span("sample", t_sample, t_update, root)
         root.end(end_time=self.to_ns(t_end))
 
-    def _request_span(self, r: Request) -> None:
-        """GenAI semantic-convention names (provider name required since semconv 1.37; prefix-cache hits as
-        `cache_read.input_tokens`), plus the `gen_ai.latency.*` breakdown vLLM puts on llm_request."""
-        p = r.sampling_params
-        end = r.finished_time if r.finished_time is not None else time.monotonic()
-        attrs: dict[str, Any] = {
-            "gen_ai.operation.name": "text_completion",
-            "gen_ai.provider.name": PROVIDER_NAME,
-            "gen_ai.request.model": self.model_name,
-            "gen_ai.request.id": r.request_id,
-            "gen_ai.request.max_tokens": r.max_tokens or 0,
-            "gen_ai.request.temperature": p.temperature,
-            "gen_ai.request.top_p": p.top_p,
-            "gen_ai.request.top_k": p.top_k,
-            "gen_ai.usage.input_tokens": r.num_prompt_tokens,
-            "gen_ai.usage.cache_read.input_tokens": max(r.num_cached_tokens, 0),
-            "gen_ai.usage.output_tokens": r.num_output_tokens,
-            "gen_ai.response.finish_reasons": [r.get_finish_reason() or "unfinished"],
-            "gen_ai.latency.e2e": end - r.arrival_time,
-            "stepscope.num_preemptions": r.num_preemptions,
-        }
-        if p.seed is not None:
-            attrs["gen_ai.request.seed"] = p.seed
-        if p.stop:
-            attrs["gen_ai.request.stop_sequences"] = list(p.stop)
-        if r.first_scheduled_time is not None:
-            attrs["gen_ai.latency.time_in_queue"] = r.first_scheduled_time - r.arrival_time
-            if r.first_token_time is not None:
-                attrs["gen_ai.latency.time_to_first_token"] = r.first_token_time - r.arrival_time
-                attrs["gen_ai.latency.time_in_model_prefill"] = r.first_token_time - r.first_scheduled_time
-                attrs["gen_ai.latency.time_in_model_decode"] = end - r.first_token_time
-        self._span(f"text_completion {self.model_name}", r.arrival_time, end, attrs=attrs)
+    def _request_span(self, start: float, end: float, attrs: dict[str, Any]) -> None:
+        attrs["gen_ai.request.model"] = self.model_name
+        self._span(f"text_completion {self.model_name}", start, end, attrs=attrs)
+
+
+class EngineSpans:
+    """The engine's side of its spans: items gathered on the hot loop and sent, a batch at a time, to a
+    child process (engine.span_process) that builds and exports them. Without a process of its own the
+    SDK's Python work, about a millisecond a step, ran on threads of the engine's process and held its
+    interpreter lock against the step loop. The child exits when its input ends, so a run that dies
+    leaves every span it sent exported."""
+
+    BATCH_ITEMS = 64
+    BATCH_SECONDS = 0.25
+
+    def __init__(self, spans_path: str | Path | None, otlp_endpoint: str | None, model_name: str) -> None:
+        import orjson
+
+        self._dumps = orjson.dumps
+        self._mono0 = time.monotonic()
+        self._ns0 = time.time_ns()
+        config = {"spans_path": None if spans_path is None else str(spans_path), "otlp_endpoint": otlp_endpoint,
+                  "model_name": model_name, "mono0": self._mono0, "ns0": self._ns0}
+        root = str(Path(__file__).resolve().parent.parent)  # the child imports this package, not another 'engine'
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, (root, os.environ.get("PYTHONPATH")))))
+        self._proc = subprocess.Popen([sys.executable, "-m", "engine.span_process", json.dumps(config)],
+                                      stdin=subprocess.PIPE, env=env)
+        self._items: list[tuple] = []
+        self._sent_at = self._mono0
+        self._broken = False
+
+    def to_ns(self, mono: float) -> int:
+        return self._ns0 + int((mono - self._mono0) * 1e9)
+
+    # ---- producers (cheap: one tuple into a list) -----------------------------------------------
+    def prepare_model(self, phases: list[tuple[str, float, float]]) -> None:
+        self._put(prepare_item(phases))
+
+    def step(self, step: int, times: tuple[float, float, float, float, float], attrs: dict[str, Any]) -> None:
+        self._put(step_item(step, times, attrs))
+
+    def request(self, req: Request) -> None:
+        self._put(request_item(req))
+
+    def _put(self, item: tuple) -> None:
+        self._items.append(item)
+        if len(self._items) >= self.BATCH_ITEMS or time.monotonic() - self._sent_at >= self.BATCH_SECONDS:
+            self._send()
+
+    def _send(self) -> None:
+        items, self._items = self._items, []
+        self._sent_at = time.monotonic()
+        if self._broken or not items:
+            return
+        data = self._dumps(items)
+        try:
+            self._proc.stdin.write(len(data).to_bytes(4, "little") + data)
+            self._proc.stdin.flush()
+        except OSError:
+            self._broken = True
+            print("engine: warning: the span process ended early; no more spans are written", file=sys.stderr)
+
+    def shutdown(self) -> None:
+        """Send what is left and wait for the child to export it (bounded: an OTLP endpoint is)."""
+        self._send()
+        with suppress(OSError):
+            self._proc.stdin.close()
+        try:
+            self._proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
 
 
 class EngineTrace:
@@ -219,7 +284,7 @@ class EngineTrace:
         if trace_dir is not None:  # the writer claims the directory first: an existing trace is never touched
             self.writer = TraceWriter(trace_dir, meta, overwrite=overwrite, write_behind=True)
             spans_path = Path(trace_dir) / SPANS_FILE
-        self.spans = EngineSpans(make_tracer_provider(spans_path, otlp_endpoint), model_name)
+        self.spans = EngineSpans(spans_path, otlp_endpoint, model_name)
         if self.writer is not None:
             self.writer.update_meta(clock_origin_unix_ns=self.spans.to_ns(t0))
             self.recorder = TraceRecorder(self.writer, scheduler, t0)

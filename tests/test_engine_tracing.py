@@ -1,9 +1,13 @@
 """OpenTelemetry spans of the engine: names, parents, attributes; the trace directory of a real run;
 the OTLP/HTTP path against a real receiver on loopback."""
 import http.server
+import json
+import subprocess
+import sys
 import threading
 import time
 
+import orjson
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.trace import TracerProvider
@@ -13,25 +17,28 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 import traces
 from engine import LLM, SamplingParams
 from engine.core import Request
-from engine.tracing import EngineSpans
+from engine.tracing import SpanBuilder, prepare_item, request_item, step_item
 from traces.blocks import BlockPoolIndex
 
 PROMPTS = [{"prompt_token_ids": list(range(5, 5 + n))} for n in (30, 12, 45)]
 
 
-def _in_memory_spans():
+def _built(*items):
+    """The spans the span process builds of `items`, which reach it through JSON."""
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    return EngineSpans(provider, "tiny"), exporter
+    builder = SpanBuilder(provider, "tiny", time.monotonic(), time.time_ns())
+    for item in orjson.loads(orjson.dumps(items)):
+        builder.build(item)
+    return exporter.get_finished_spans()
 
 
 def test_step_span_has_schedule_execute_sample_children_with_attributes():
-    spans, exporter = _in_memory_spans()
     t = time.monotonic()
-    spans.step(3, (t, t + 0.001, t + 0.004, t + 0.005, t + 0.006), {"num_scheduled_tokens": 17, "num_running": 2})
-    spans.shutdown()
-    by_name = {s.name: s for s in exporter.get_finished_spans()}
+    finished = _built(step_item(3, (t, t + 0.001, t + 0.004, t + 0.005, t + 0.006),
+                                {"num_scheduled_tokens": 17, "num_running": 2}))
+    by_name = {s.name: s for s in finished}
     step = by_name["step"]
     assert step.attributes["step"] == 3 and step.attributes["num_scheduled_tokens"] == 17
     for child in ("schedule", "execute", "sample"):
@@ -41,27 +48,22 @@ def test_step_span_has_schedule_execute_sample_children_with_attributes():
 
 
 def test_prepare_model_span_parents_its_phases():
-    spans, exporter = _in_memory_spans()
     t = time.monotonic()
-    spans.prepare_model([("load weights", t, t + 1), ("allocate KV cache", t + 1, t + 2), ("warm up", t + 2, t + 3)])
-    spans.shutdown()
-    finished = exporter.get_finished_spans()
+    finished = _built(prepare_item([("load weights", t, t + 1), ("allocate KV cache", t + 1, t + 2),
+                                    ("warm up", t + 2, t + 3)]))
     root = next(s for s in finished if s.name == "Prepare model")
     children = [s.name for s in finished if s.parent is not None and s.parent.span_id == root.context.span_id]
     assert children == ["load weights", "allocate KV cache", "warm up"]
 
 
 def test_request_span_uses_genai_semantic_convention_names():
-    spans, exporter = _in_memory_spans()
     params = SamplingParams(max_tokens=4, temperature=0.5, top_p=0.9, top_k=20, seed=3, stop=["\n\n"])
     r = Request("q1", [1, 2, 3], params, arrival_time=10.0)
     r.first_scheduled_time, r.first_token_time, r.finished_time = 10.5, 11.0, 12.0
     r.num_cached_tokens = 2
     r.append_output_token_ids(5)
     r.append_output_token_ids(6)
-    spans.request(r)
-    spans.shutdown()
-    (span,) = exporter.get_finished_spans()
+    (span,) = _built(request_item(r))
     a = span.attributes
     assert span.name == "text_completion tiny"
     assert a["gen_ai.operation.name"] == "text_completion" and a["gen_ai.request.model"] == "tiny"
@@ -165,3 +167,19 @@ def test_requests_refused_by_the_frontend_are_in_the_trace(tmp_path):
     assert rows.loc["0", "finish_reason"] == "error" and "max_model_len" in rows.loc["0", "error"]
     assert rows.loc["0", "num_prompt_tokens"] == 100 and rows.loc["1", "finish_reason"] == "length"
     assert list(t.decisions[t.decisions["event"] == "reject"]["request_id"]) == ["0"]
+
+
+def test_the_span_process_exports_every_whole_batch_sent_before_its_input_breaks_off(tmp_path):
+    """The engine killed mid-batch: the span process exports the batches that came whole, then exits."""
+    config = {"spans_path": str(tmp_path / "spans.jsonl"), "otlp_endpoint": None, "model_name": "tiny",
+              "mono0": time.monotonic(), "ns0": time.time_ns()}
+    child = subprocess.Popen([sys.executable, "-m", "engine.span_process", json.dumps(config)], stdin=subprocess.PIPE)
+    t = time.monotonic()
+    whole = orjson.dumps([step_item(0, (t, t + 0.001, t + 0.002, t + 0.003, t + 0.004), {"num_running": 1})])
+    torn = orjson.dumps([step_item(1, (t, t, t, t, t), {})])
+    child.stdin.write(len(whole).to_bytes(4, "little") + whole + len(torn).to_bytes(4, "little") + torn[:-3])
+    child.stdin.close()
+    assert child.wait(timeout=30) == 0
+    names = [s["name"] for line in (tmp_path / "spans.jsonl").read_text().splitlines()
+             for rs in orjson.loads(line)["resourceSpans"] for ss in rs["scopeSpans"] for s in ss["spans"]]
+    assert sorted(names) == ["execute", "sample", "schedule", "step"]

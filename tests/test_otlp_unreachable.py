@@ -42,7 +42,7 @@ def test_unreachable_endpoint_fails_within_the_bound_then_is_left_alone(capsys):
     assert len(err) == 1 and err[0].startswith("engine: warning: OTLP endpoint http://127.0.0.1:")
 
 
-def test_engine_run_with_unreachable_endpoint_ends_quickly_with_a_compacted_trace(tmp_path, capsys):
+def test_engine_run_with_unreachable_endpoint_ends_quickly_with_a_compacted_trace(tmp_path, capfd):
     llm = LLM(device="cpu", kv_cache_memory=16 << 20, max_model_len=128, trace=str(tmp_path),
               otlp_traces_endpoint=_closed_port_endpoint())
     llm.generate([{"prompt_token_ids": [5, 6, 7, 8]}], SamplingParams(max_tokens=3, temperature=0.0), use_tqdm=False)
@@ -50,5 +50,6 @@ def test_engine_run_with_unreachable_endpoint_ends_quickly_with_a_compacted_trac
     llm.shutdown()
     assert time.monotonic() - t0 <= OTLP_TIMEOUT_S + 1.5
     assert (tmp_path / "steps.parquet").is_file() and traces.load(tmp_path).complete
-    warnings = [line for line in capsys.readouterr().err.splitlines() if "OTLP endpoint" in line]
+    # The span process says it on the stderr it shares with the engine (a file descriptor, not sys.stderr).
+    warnings = [line for line in capfd.readouterr().err.splitlines() if "OTLP endpoint" in line]
     assert len(warnings) == 1

@@ -1,0 +1,38 @@
+"""The engine's span process: `python -m engine.span_process CONFIG_JSON`, started by
+`engine.tracing.EngineSpans`. It reads batches of items from stdin (a 4-byte little-endian length, then a
+JSON list), builds their spans (`SpanBuilder`) and exports them; at the end of its input, the engine's
+shutdown or death, it flushes what it holds and exits. Ctrl-C is the engine's to handle: the engine
+closes the input when it has sent everything."""
+from __future__ import annotations
+
+import json
+import signal
+import sys
+
+import orjson
+
+from engine.tracing import SpanBuilder, make_tracer_provider
+
+
+def main(argv: list[str]) -> int:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    config = json.loads(argv[0])
+    provider = make_tracer_provider(config["spans_path"], config["otlp_endpoint"])
+    builder = SpanBuilder(provider, config["model_name"], config["mono0"], config["ns0"])
+    stdin = sys.stdin.buffer
+    try:
+        while len(head := stdin.read(4)) == 4:
+            size = int.from_bytes(head, "little")
+            data = stdin.read(size)
+            if len(data) < size:  # the engine died mid-batch: what came whole is exported
+                break
+            for item in orjson.loads(data):
+                builder.build(item)
+    finally:
+        provider.force_flush()
+        provider.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
