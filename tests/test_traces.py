@@ -1,6 +1,7 @@
 """The trace directory: write -> load round trips, cut-short traces, block-pool reconstruction."""
 import json
 import random
+import time
 import warnings
 
 import pytest
@@ -113,6 +114,23 @@ def test_a_write_behind_writer_leaves_the_same_trace_as_a_synchronous_one(tmp_pa
     assert b.complete and len(b.steps) > 20
     for table in ("steps", "requests", "decisions", "block_events", "block_snapshots"):
         assert as_lists(getattr(a, table)).equals(as_lists(getattr(b, table))), table
+
+def test_a_write_behind_writer_hands_rows_over_at_most_once_per_handoff_interval(tmp_path, monkeypatch):
+    """Flushes within HANDOFF_S of the last hand-off keep their rows; close hands over the rest."""
+    monkeypatch.setattr(TraceWriter, "HANDOFF_S", 3600.0)
+    writer = TraceWriter(tmp_path, {"source": "sim"}, write_behind=True)
+    lines = lambda: (tmp_path / "steps.jsonl").read_text().splitlines()  # noqa: E731
+    for step in range(5):
+        writer.write_rows("steps", [{"step": step}])
+        writer.flush()
+    deadline = time.monotonic() + 10
+    while not lines() and time.monotonic() < deadline:  # the first flush's hand-off, written by the thread
+        time.sleep(0.01)
+    time.sleep(0.2)
+    assert [json.loads(line)["step"] for line in lines()] == [0]
+    writer.close(compact=False)
+    assert [json.loads(line)["step"] for line in lines()] == [0, 1, 2, 3, 4]
+
 
 def test_a_trace_cut_short_loads_up_to_its_last_step(tmp_path):
     live, rec = _record(tmp_path, num_steps=9, close=False)

@@ -1,7 +1,8 @@
 """Streaming trace writer: rows are buffered as columns and handed to the OS every `flush_every` steps
 (every step for the engine), steps table last, so a run killed at any moment leaves every flushed step
 readable; `close()` compacts the streams to Parquet. With `write_behind` (the engine's), a step only hands
-its rows over: a writer thread encodes and writes them while the next step runs.
+its rows over, with those of the steps since the last hand-off at most HANDOFF_S before: a writer thread
+encodes and writes them while the next steps run.
 
 Two stream forms: JSON lines (`<table>.jsonl`, the engine's: one step at a time, readable with `tail`)
 and Arrow IPC (`<table>.arrows`, batched writers such as the simulator: a record batch per table per
@@ -9,6 +10,7 @@ flush, no JSON printed per row nor parsed at compaction)."""
 from __future__ import annotations
 
 import json
+import math
 import queue
 import threading
 import time
@@ -53,6 +55,8 @@ class TraceWriter:
     lines for one that flushes every step (a record batch per step would be mostly framing)."""
 
     columnar = True  # lends its column buffers to a recorder (traces.recorder.TraceSink)
+    MAX_HANDED = 64  # write-behind flushes that may wait for the writer thread
+    HANDOFF_S = 0.02  # write-behind: the least time between two hand-offs to the writer thread
 
     def __init__(self, path: str | Path, meta: dict[str, Any], flush_every: int = 1,
                  extra_int_columns: tuple[str, ...] = (), stream_format: str | None = None,
@@ -74,6 +78,7 @@ class TraceWriter:
         self._write_meta()
         self.columns = {t: (*cols, *OPTIONAL_COLUMNS.get(t, ()), *extra_int_columns) for t, cols in TABLES.items()}
         self._buf: dict[str, dict[str, list[Any]]] = {t: {c: [] for c in cols} for t, cols in self.columns.items()}
+        self._order = sorted(self._buf, key=lambda t: t == "steps")  # the steps table last: its row marks a step whole
         self._rows: dict[str, list[tuple]] = {}
         self._runs: dict[str, tuple[RunSpec, list[tuple]]] = {}
         self._files: dict[str, BinaryIO] = {}
@@ -91,10 +96,12 @@ class TraceWriter:
         self.extra_int_columns = extra_int_columns
         self._steps_since_flush = 0
         self.closed = False
-        # Write-behind: rows handed over per flush, in order; a bounded queue, so a disk that falls behind
-        # slows the steps down instead of filling memory. A write error waits here for the next flush.
-        self._handed: queue.Queue[list[tuple]] | None = queue.Queue(maxsize=64) if write_behind else None
+        # Write-behind: rows handed over per flush, in order, through the C queue (a put costs the step
+        # well under a microsecond); at most MAX_HANDED flushes wait, so a disk that falls behind slows the
+        # steps down instead of filling memory. A write error waits here for the next flush.
+        self._handed: queue.SimpleQueue[list[tuple] | None] | None = queue.SimpleQueue() if write_behind else None
         self._thread: threading.Thread | None = None
+        self._handed_at = -math.inf
         self._failure: BaseException | None = None  # raised once, at the next flush or close
         self._failed = False  # the writer thread writes nothing more
 
@@ -155,9 +162,16 @@ class TraceWriter:
 
     def flush(self, steps: int = 1) -> None:
         """Called after each step (or run of `steps` steps): every `flush_every` steps the rows go to the
-        OS, after which a SIGKILL loses nothing of them."""
+        OS, after which a SIGKILL loses nothing of them. With write-behind they go to the writer thread, at
+        most every HANDOFF_S: a hand-off per step woke the thread, and cost the step its interpreter lock,
+        for every few rows (rows handed over were never safe from a SIGKILL either until written)."""
         self._steps_since_flush += steps
         if self._steps_since_flush >= self.flush_every:
+            if self._handed is not None:
+                now = time.monotonic()
+                if now - self._handed_at < self.HANDOFF_S:
+                    return
+                self._handed_at = now
             self.drain()
 
     def drain(self) -> None:
@@ -182,12 +196,14 @@ class TraceWriter:
         if self._thread is None:
             self._thread = threading.Thread(target=self._write_behind, name="trace-writer", daemon=True)
             self._thread.start()
+        while self._handed.qsize() >= self.MAX_HANDED and self._thread.is_alive():
+            time.sleep(0.001)
         self._handed.put(handed)
 
     def _pending(self) -> Iterator[tuple[str, dict[str, list[Any]], Any, list[tuple] | None]]:
         """(table, columns, run spec, runs) of every table with rows to write, steps last, each table's
         row tuples folded into its columns and its columns padded to one length."""
-        for table in sorted(self._buf, key=lambda t: t == "steps"):
+        for table in self._order:
             cols = self._buf[table]
             rows = self._rows.get(table)
             if rows:
