@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 from collections.abc import Sequence
 
+import orjson
 from google.protobuf.json_format import MessageToJson
 from opentelemetry import trace
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
@@ -211,9 +212,6 @@ class EngineSpans:
     BATCH_SECONDS = 0.25
 
     def __init__(self, spans_path: str | Path | None, otlp_endpoint: str | None, model_name: str) -> None:
-        import orjson
-
-        self._dumps = orjson.dumps
         self._mono0 = time.monotonic()
         self._ns0 = time.time_ns()
         config = {"spans_path": None if spans_path is None else str(spans_path), "otlp_endpoint": otlp_endpoint,
@@ -249,7 +247,7 @@ class EngineSpans:
         self._sent_at = time.monotonic()
         if self._broken or not items:
             return
-        data = self._dumps(items)
+        data = orjson.dumps(items)
         try:
             self._proc.stdin.write(len(data).to_bytes(4, "little") + data)
             self._proc.stdin.flush()

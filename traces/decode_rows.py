@@ -98,8 +98,8 @@ class DecodeRunRows:
 
     def on_decode_run(self, rids: list[str], computed0: list[int], starts: list[float], ends: list[float],
                       phases: tuple[list[float], list[float], list[float]], used: list[int],
-                      gained: dict[int, list[int]], num_waiting: int = 0,
-                      admission_stop: tuple[str, str, int, int] | None = None) -> None:
+                      gained: dict[int, list[int]], num_waiting: int,
+                      admission_stop: tuple[str, str, int, int] | None) -> None:
         """Record the steps of a decode run: every request of `rids` decodes one token per step, from
         `computed0` computed tokens; step j ran `starts[j]`..`ends[j]`, its schedule, execute and sample
         times `phases[0][j]`, `phases[1][j]`, `phases[2][j]`, with `used[j]` blocks held;

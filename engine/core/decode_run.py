@@ -1,8 +1,8 @@
 """Decode-only stretches of steps, applied to the scheduler without a SchedulerOutput per step.
 
-Most steps of a long simulation change nothing but counts: every running request decodes one token, and
-nobody arrives, finishes or is preempted, and nobody waiting is admitted (none waits, or every seat is taken). For such a step `Scheduler.schedule` gives each running
-request one token (and a block, or a block published, where it crosses its slot limit) and
+Most steps of a long simulation change nothing but counts: every running request decodes one token,
+nobody arrives, finishes or is preempted, and nobody waiting is admitted (none waits, or every seat is
+taken). For such a step `Scheduler.schedule` gives each running request one token (and a block, or a block published, where it crosses its slot limit) and
 `update_from_output` appends the token sampled. A `DecodeRun` applies a stretch of such steps whose tokens
 are known in advance (a simulator's are): the KV cache manager's own `allocate_slots` at each crossing, in
 the scheduler's order, tokens appended in bulk, counts set once. It never takes a step that could differ:

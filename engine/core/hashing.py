@@ -47,8 +47,10 @@ def hash_blocks(token_ids: Sequence[int], block_size: int, start: int, parent: B
     """`hash_block_tokens` of each full block from index `start` on, chained from `parent`. Several blocks
     (a prompt) are packed in one call and hashed slice by slice: the same bytes, a quarter faster."""
     stop = len(token_ids) // block_size
-    if stop - start < 2:
-        return [hash_block_tokens(parent, token_ids[start * block_size:stop * block_size], extra_keys)] if stop > start else []
+    if stop <= start:
+        return []
+    if stop - start == 1:
+        return [hash_block_tokens(parent, token_ids[start * block_size:stop * block_size], extra_keys)]
     ints = array("q")
     block_tokens = token_ids[start * block_size:stop * block_size]
     if type(block_tokens) is list:

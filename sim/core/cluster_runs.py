@@ -47,8 +47,8 @@ class RunLog:
 
     def on_decode_run(self, rids: list[str], computed0: list[int], starts: list[float], ends: list[float],
                       phases: tuple[list[float], list[float], list[float]], used: list[int],
-                      gained: dict[int, list[int]], num_waiting: int = 0,
-                      admission_stop: tuple[str, str, int, int] | None = None) -> None:
+                      gained: dict[int, list[int]], num_waiting: int,
+                      admission_stop: tuple[str, str, int, int] | None) -> None:
         self.rids, self.ends = rids, ends
 
 

@@ -171,14 +171,15 @@ class KernelSumCostModel(CostModelDefaults):
         built per step; the times are device_time's to the bit."""
         n, layers, attention = num_seqs, self.shape.num_layers, self.timer.attention
         fixed, inside = self._fixed(n, n)
-        at_once = self.timer.decode_attention(n, [round(c / n) for c in range(context_tokens, context_tokens + n * count, n)])
+        contexts = range(context_tokens, context_tokens + n * count, n)
+        at_once = self.timer.decode_attention(n, [round(c / n) for c in contexts])
         if at_once is not None:
             self.num_steps += count
             if not inside:
                 self.steps_outside += count
             return [fixed + layers * a for a in at_once]
         out = []
-        for context in range(context_tokens, context_tokens + n * count, n):
+        for context in contexts:
             before = self.timer.outside
             out.append(self._counted(fixed + layers * attention(AttentionShape(0, 0, n, round(context / n))),
                                      inside, before))
