@@ -3,7 +3,8 @@ replicas 1..4 x max_num_seqs 64,128,256 x hardware h100,h200 x block size 16,32 
 model of llama-3.1-8b, SLOs ttft_p99=2s,tpot_p99=80ms, rate tolerance 5%.
 
 Run from the repo root: `python bench/plan_speed.py [--max-requests N] [--jobs N] [--ray ADDRESS] [--baseline]`.
-Prints the ranked table, then `plan 48 configs: <seconds> s` (wall time, workload loading included).
+Prints the ranked table, then `plan 48 configs: <seconds> s` (wall time, workload loading included) and
+`plan cpu time: <seconds> s` (this process and its worker processes, steadier than the wall time).
 `--baseline` runs the plan again with `--no-reuse` (every configuration simulated), checks that it prints
 the same table, and prints `ratio:` (baseline time / time).
 """
@@ -13,6 +14,7 @@ import argparse
 import contextlib
 import io
 import os
+import resource
 import sys
 import time
 
@@ -37,12 +39,14 @@ def main() -> int:
         argv += ["--jobs", str(args.jobs)]
     if args.ray:
         argv += ["--ray", args.ray]
-    rc, wall, table = _timed(argv)
+    rc, wall, table, cpu = _timed(argv)
     print(table, end="")
     print(f"plan 48 configs: {wall:.1f} s ({args.max_requests} requests of {AZURE_CONV}, "
           f"{args.jobs or os.cpu_count()} {'Ray workers' if args.ray else 'processes'})")
+    if not args.ray:  # Ray's workers are not this process's children
+        print(f"plan cpu time: {cpu:.1f} s (this process and its worker processes)")
     if args.baseline:
-        rc_base, base, base_table = _timed([*argv, "--no-reuse"])
+        rc_base, base, base_table, _ = _timed([*argv, "--no-reuse"])
         same = _ranked(table) == _ranked(base_table)
         print(f"plan 48 configs, every configuration simulated: {base:.1f} s")
         print(f"tables identical: {'yes' if same else 'NO'}")
@@ -51,12 +55,19 @@ def main() -> int:
     return rc
 
 
-def _timed(argv: list[str]) -> tuple[int, float, str]:
+def _timed(argv: list[str]) -> tuple[int, float, str, float]:
+    """(exit status, wall seconds, printed table, CPU seconds of this process and its finished children:
+    steadier than the wall time on a shared machine)."""
     out = io.StringIO()
-    start = time.perf_counter()
+    start, cpu0 = time.perf_counter(), _cpu()
     with contextlib.redirect_stdout(out):
         rc = main_plan(argv)
-    return rc, time.perf_counter() - start, out.getvalue()
+    return rc, time.perf_counter() - start, out.getvalue(), _cpu() - cpu0
+
+
+def _cpu() -> float:
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
 def _ranked(table: str) -> list[str]:
