@@ -171,18 +171,17 @@ class KernelSumCostModel(CostModelDefaults):
         built per step; the times are device_time's to the bit."""
         n, layers, attention = num_seqs, self.shape.num_layers, self.timer.attention
         fixed, inside = self._fixed(n, n)
-        contexts = range(context_tokens, context_tokens + n * count, n)
-        at_once = self.timer.decode_attention(n, [round(c / n) for c in contexts])
+        kvs = [round(c / n) for c in range(context_tokens, context_tokens + n * count, n)]
+        at_once = self.timer.decode_attention(n, kvs)
         if at_once is not None:
             self.num_steps += count
             if not inside:
                 self.steps_outside += count
             return [fixed + layers * a for a in at_once]
         out = []
-        for context in contexts:
+        for kv in kvs:
             before = self.timer.outside
-            out.append(self._counted(fixed + layers * attention(AttentionShape(0, 0, n, round(context / n))),
-                                     inside, before))
+            out.append(self._counted(fixed + layers * attention(AttentionShape(0, 0, n, kv)), inside, before))
         return out
 
     def _counted(self, time: float, inside: bool, outside_before: int) -> float:

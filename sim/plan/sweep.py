@@ -203,7 +203,7 @@ class RayWorkers:
     def __init__(self, ray: Any) -> None:
         self._ray = ray
         self._remote = ray.remote(num_cpus=1)(_call)  # Ray wraps functions only; `fn` may be a callable object
-        self._specs: dict[int, Any] = {}
+        self._spec: tuple[PlanSpec, Any] | None = None  # the spec last put in Ray's object store, and its ref
         self._refs: dict[Any, PlanConfig] = {}
 
     @property
@@ -211,9 +211,9 @@ class RayWorkers:
         return len(self._refs)
 
     def submit(self, fn: Task, spec: PlanSpec, config: PlanConfig) -> None:
-        ref = self._specs.get(id(spec))
-        if ref is None:
-            ref = self._specs[id(spec)] = self._ray.put(spec)
+        if self._spec is None or self._spec[0] is not spec:
+            self._spec = (spec, self._ray.put(spec))
+        ref = self._spec[1]
         self._refs[self._remote.remote(fn, ref, config)] = config
 
     def next_done(self) -> tuple[PlanConfig, ConfigResult]:
