@@ -16,3 +16,20 @@ class FixedCost(CostModelDefaults):
 
     def describe(self) -> dict:
         return {}
+
+
+# Three 600-token prompts, 4 output tokens each: a replay that takes a moment.
+TINY_WORKLOAD = """name: tiny
+seed: 1
+num_requests: 3
+arrival: {process: constant, rate: 20.0}
+prompt_tokens: {dist: fixed, value: 600}
+output_tokens: {dist: fixed, value: 4}
+"""
+
+
+def one_line(e: BaseException) -> str:
+    """An error's text, asserted to be one line (bad input gets one clear line)."""
+    text = str(e)
+    assert "\n" not in text.strip()
+    return text

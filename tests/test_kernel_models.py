@@ -1,11 +1,11 @@
 """Per-kernel cost models: a measured profile bundle read and interpolated, the kernel sum over one rank's
-kernels with the all-reduces that join the ranks, tensor-parallel shards, hardware files and model configs.
+kernels with the all-reduces that join the ranks, and the roofline on every GPU of the table (the shapes
+and GPUs they price from: tests/test_model_shapes_and_hardware.py).
 
 Every bundle here is synthetic, written into tmp_path with values chosen so that expected times can be
 worked out by hand: on the grid's token axes the log1p coordinates of 15, 63 and 255 are log 16, log 64
 and log 256, so log-log interpolation halfway (63 between 15 and 255) is the geometric mean.
 """
-import json
 import math
 import re
 
@@ -14,12 +14,12 @@ import pytest
 from sim.cost_models.batch import StepBatch
 from sim.cli import main
 from sim.cost_models import get_cost_model
-from sim.cost_models.hardware import GB, GiB, HARDWARE, TERA, Hardware, get_hardware, load_hardware_file
+from sim.cost_models.hardware import GB, HARDWARE, Hardware, get_hardware
 from sim.cost_models.kernel_models import bundle_model
-from sim.cost_models.kernels import DENSE_OPS, AttentionShape, KernelSumCostModel, attention_shapes, kv_blocks
-from sim.cost_models.model_shape import model_shape, rank_shape
+from sim.cost_models.kernels import DENSE_OPS, AttentionShape, KernelSumCostModel, attention_shapes
 from sim.cost_models.profile_bundle import BundleError, ProfileKernels
 from sim.cost_models.roofline import RooflineCostModel
+from sim_helpers import TINY_WORKLOAD, one_line
 
 # Dense and per-sequence tables: microseconds at 1, 15 and 255 tokens (sequences), times a per-op factor.
 TOKEN_POINTS = ((1, 2.0), (15, 4.0), (255, 16.0))
@@ -40,15 +40,6 @@ SKEW_META = {
 }
 # Two decodes at 32 and 224 tokens: mean 128, ratio (128 - 32) / (224 - 32) = 0.5 -> "sr<=70%".
 SKEW_CSV = "pc,n_label,skew_rate_label,kv_big_label,kp_label,alpha,n_samples\n0,n<=2,sr<=70%,kvB<=1k,kp=0,0.5,4\n"
-
-WORKLOAD = """name: tiny
-seed: 1
-num_requests: 3
-arrival: {process: constant, rate: 20.0}
-prompt_tokens: {dist: fixed, value: 600}
-output_tokens: {dist: fixed, value: 4}
-"""
-
 
 def attention_us(pc: int, kvp: int, nd: int, kvd: int) -> float:
     """The synthetic attention time: positive, and increasing along every axis (along kvd where nd > 0)."""
@@ -92,12 +83,6 @@ def _batch(*seqs):
     for num_tokens, computed, decode in seqs:
         b.add(num_tokens, computed, decode)
     return b
-
-
-def _one_line(e: BaseException) -> str:
-    text = str(e)
-    assert "\n" not in text.strip()
-    return text
 
 
 # --- bundle interpolation ---------------------------------------------------------------------------------
@@ -169,7 +154,7 @@ def test_a_step_inside_the_grid_gives_no_range_warning(bundle):
 
 def test_sim_replay_beyond_the_grid_warns_once_on_stderr_and_succeeds(tmp_path, bundle, capsys):
     workload = tmp_path / "tiny.yaml"
-    workload.write_text(WORKLOAD)
+    workload.write_text(TINY_WORKLOAD)
     rc = main(["replay", str(workload), "--cost-model", str(bundle), "--model", "qwen3-0.6b",
                "--trace", str(tmp_path / "t"), "--no-progress"])
     captured = capsys.readouterr()
@@ -209,16 +194,16 @@ def test_a_bad_bundle_is_a_one_line_error_naming_file_row_and_field(tmp_path, ki
     tp, names = _break(tmp_path / "bad", kind)
     with pytest.raises(BundleError) as e:
         get_cost_model(str(tmp_path / "bad"), model="qwen3-0.6b", tensor_parallel_size=tp)
-    text = _one_line(e.value)
+    text = one_line(e.value)
     for name in names:
         assert name in text
 
 
 @pytest.mark.parametrize("kind", BAD)
-def test_sim_replay_with_a_bad_bundle_exits_2_with_one_line(tmp_path, kind, capsys):
+def test_sim_replay_with_a_bad_bundle_exits_2_withone_line(tmp_path, kind, capsys):
     tp, names = _break(tmp_path / "bad", kind)
     workload = tmp_path / "tiny.yaml"
-    workload.write_text(WORKLOAD)
+    workload.write_text(TINY_WORKLOAD)
     rc = main(["replay", str(workload), "--cost-model", str(tmp_path / "bad"), "--model", "qwen3-0.6b",
                "--tensor-parallel-size", str(tp), "--trace", str(tmp_path / "t"), "--no-progress"])
     err = capsys.readouterr().err
@@ -235,7 +220,7 @@ def test_a_negative_attention_coordinate_is_refused_saying_zero_is_allowed(tmp_p
     path.write_text("\n".join(lines) + "\n")
     with pytest.raises(BundleError) as e:
         ProfileKernels(root)
-    text = _one_line(e.value)
+    text = one_line(e.value)
     # kv_decode 0 is a valid grid key (the bundles' rows without decodes): the bound is >= 0, not > 0.
     assert str(path) in text and "row 3" in text and "kv_decode must be >= 0" in text
 
@@ -247,7 +232,7 @@ def test_a_non_finite_skew_alpha_is_a_one_line_bundle_error(tmp_path, alpha):
     path.write_text(SKEW_CSV.replace(",0.5,", f",{alpha},"))
     with pytest.raises(BundleError) as e:
         ProfileKernels(root)
-    text = _one_line(e.value)
+    text = one_line(e.value)
     assert str(path) in text and "row 2" in text and "alpha" in text
 
 
@@ -255,7 +240,7 @@ def test_a_llama_bundle_is_refused_for_a_qwen3_model(tmp_path):
     path = write_bundle(tmp_path / "llama", architecture="llama")
     with pytest.raises(ValueError, match="llama.*qwen3") as e:
         get_cost_model(str(path), model="qwen3-0.6b")
-    assert str(path) in _one_line(e.value)
+    assert str(path) in one_line(e.value)
 
 
 def test_a_bundle_from_a_gpu_outside_the_table_needs_hardware(tmp_path):
@@ -263,50 +248,6 @@ def test_a_bundle_from_a_gpu_outside_the_table_needs_hardware(tmp_path):
     with pytest.raises(ValueError, match="TPU9.*--hardware"):
         get_cost_model(str(path), model="qwen3-0.6b")
     assert get_cost_model(str(path), model="qwen3-0.6b", hardware="h200").hardware.name == "h200"
-
-
-# --- tensor-parallel shards -------------------------------------------------------------------------------
-
-def test_rank_shape_divides_heads_kv_heads_intermediate_and_vocab():
-    full = model_shape("qwen3-0.6b")  # 16 heads, 8 KV heads, 3072 intermediate, 151936 vocab
-    rank = rank_shape(full, 2)
-    assert (rank.num_heads, rank.num_kv_heads, rank.intermediate, rank.vocab) == (8, 4, 1536, 75968)
-    assert (rank.hidden, rank.num_layers, rank.head_dim) == (full.hidden, full.num_layers, full.head_dim)
-    assert rank_shape(full, 1) == full
-    odd = model_shape({"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
-                       "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 1001})
-    assert rank_shape(odd, 2).vocab == 501  # ceil: the last rank's shard is padded
-
-
-def test_kv_heads_fewer_than_ranks_are_replicated_one_per_rank():
-    rank = rank_shape(model_shape("qwen3-0.6b"), 16)  # 8 KV heads over 16 GPUs
-    assert (rank.num_heads, rank.num_kv_heads, rank.intermediate) == (1, 1, 192)
-
-
-@pytest.mark.parametrize("cfg, tp, what", [
-    ({}, 3, "16 attention heads"),
-    ({"num_attention_heads": 24, "num_key_value_heads": 6, "hidden_size": 1536}, 4, "6 KV heads"),
-    ({"intermediate_size": 3000}, 16, "3000 intermediate size"),
-])
-def test_rank_shape_refuses_an_uneven_split_in_one_line(cfg, tp, what):
-    base = {"model_type": "qwen3", "hidden_size": 1024, "num_hidden_layers": 2, "num_attention_heads": 16,
-            "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 3072, "vocab_size": 1000}
-    with pytest.raises(ValueError) as e:
-        rank_shape(model_shape({**base, **cfg}), tp)
-    text = _one_line(e.value)
-    assert f"--tensor-parallel-size {tp}" in text and what in text
-
-
-def test_tp2_ranks_hold_twice_the_kv_tokens_of_one_gpu_and_half_its_weights():
-    full, hw = model_shape("llama-3.1-8b"), get_hardware("h100")
-    rank = rank_shape(full, 2)
-    assert rank.weight_bytes == pytest.approx(full.weight_bytes / 2, rel=0.01)
-    assert rank.kv_bytes_per_token * 2 == full.kv_bytes_per_token
-    # The same KV memory per GPU holds exactly twice the tokens (each rank keeps half the heads)...
-    assert kv_blocks(rank, hw, 16, kv_cache_memory=1 << 30) == 2 * kv_blocks(full, hw, 16, kv_cache_memory=1 << 30)
-    # ...and from the GPU's memory a little more than twice, since each rank's weights halve too.
-    one, two = kv_blocks(full, hw, 16), kv_blocks(rank, hw, 16)
-    assert 2.0 < two / one < 2.5
 
 
 # --- the all-reduce term ----------------------------------------------------------------------------------
@@ -427,93 +368,6 @@ def test_further_prefill_chunks_are_priced_alone_without_a_second_floor(bundle):
     floor = t.attention(AttentionShape(1, 0, 0, 0))
     expected = t.attention(AttentionShape(200, 50, 2, 150)) + t.attention(AttentionShape(100, 0, 0, 0)) - floor
     assert model.breakdown(batch)["attention"] == pytest.approx(model.shape.num_layers * expected, rel=1e-12)
-
-
-# --- hardware FILE.yaml -----------------------------------------------------------------------------------
-
-GPU_YAML = {"name": "my-gpu", "bf16_tflops": 400, "memory_bandwidth_tbps": 2.0, "memory_gib": 48, "family": "ada",
-            "interconnect": "nvlink", "link_bandwidth_gbps": 100, "link_latency_us": 4}
-
-
-def _yaml_file(tmp_path, doc, name="gpu.yaml"):
-    import yaml
-
-    path = tmp_path / name
-    path.write_text(yaml.safe_dump(doc))
-    return path
-
-
-def test_a_hardware_file_gives_a_gpu_with_its_figures(tmp_path):
-    path = _yaml_file(tmp_path, {**GPU_YAML, "mfu_eff": 0.5})
-    hw = load_hardware_file(path)
-    assert (hw.name, hw.family, hw.interconnect) == ("my-gpu", "ada", "nvlink")
-    assert hw.peak_flops == pytest.approx(400 * TERA) and hw.hbm_bandwidth == pytest.approx(2.0 * TERA)
-    assert hw.memory_bytes == 48 * GiB and hw.link_bandwidth == pytest.approx(100 * GB)
-    assert hw.mfu_eff == 0.5
-    assert get_hardware(str(path)) == hw
-
-
-@pytest.mark.parametrize("interconnect", ["nvlink", "pcie"])
-def test_a_hardware_file_s_link_latency_is_kept_over_the_interconnect_s_fitted_one(tmp_path, interconnect):
-    path = _yaml_file(tmp_path, {**GPU_YAML, "interconnect": interconnect, "link_latency_us": 4})
-    assert load_hardware_file(path).link_latency == pytest.approx(4e-6, rel=1e-12)
-
-
-@pytest.mark.parametrize("change, field", [
-    ({"memory_gib": None}, "memory_gib"),
-    ({"tensor_cores": 528}, "tensor_cores"),
-    ({"bf16_tflops": -400}, "bf16_tflops"),
-    ({"interconnect": "infiniband"}, "interconnect"),
-])
-def test_a_bad_hardware_file_is_a_one_line_error_naming_the_file_and_field(tmp_path, change, field):
-    doc = {k: v for k, v in {**GPU_YAML, **change}.items() if v is not None}
-    path = _yaml_file(tmp_path, doc)
-    with pytest.raises(ValueError) as e:
-        load_hardware_file(path)
-    text = _one_line(e.value)
-    assert str(path) in text and field in text
-
-
-def test_sim_replay_with_a_bad_hardware_file_exits_2(tmp_path, capsys):
-    path = _yaml_file(tmp_path, {**GPU_YAML, "interconnect": "infiniband"}, "bad.yaml")
-    workload = tmp_path / "tiny.yaml"
-    workload.write_text(WORKLOAD)
-    rc = main(["replay", str(workload), "--model", "qwen3-0.6b", "--hardware", str(path),
-               "--trace", str(tmp_path / "t"), "--no-progress"])
-    err = capsys.readouterr().err
-    assert rc == 2
-    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
-    assert str(path) in err and "interconnect" in err
-
-
-# --- model configs ----------------------------------------------------------------------------------------
-
-CONFIG = {"_name_or_path": "tiny-qwen", "model_type": "qwen3", "hidden_size": 256, "num_hidden_layers": 4,
-          "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64, "intermediate_size": 512,
-          "vocab_size": 1000, "max_position_embeddings": 4096}
-
-
-def test_a_config_json_file_and_a_directory_holding_one_give_the_dict_s_shape(tmp_path):
-    d = tmp_path / "ckpt"
-    d.mkdir()
-    (d / "config.json").write_text(json.dumps(CONFIG))
-    expected = model_shape(CONFIG)
-    assert model_shape(str(d / "config.json")) == expected
-    assert model_shape(str(d)) == expected
-    assert (expected.hidden, expected.num_layers, expected.num_kv_heads, expected.qk_norm) == (256, 4, 2, True)
-
-
-@pytest.mark.parametrize("change, named", [
-    ({"hidden_size": "256"}, "hidden_size"),
-    ({"num_hidden_layers": -1}, "num_hidden_layers"),
-    ({"num_key_value_heads": 3}, "num_key_value_heads"),
-    ({"vocab_size": 0}, "vocab_size"),
-    ({"model_type": "mixtral", "num_local_experts": 8}, "mixtral"),
-])
-def test_a_bad_model_config_is_a_one_line_error_naming_the_field_or_type(change, named):
-    with pytest.raises(ValueError) as e:
-        model_shape({**CONFIG, **change})
-    assert named in _one_line(e.value)
 
 
 # --- roofline ---------------------------------------------------------------------------------------------

@@ -8,8 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from sim.cost_models.batch import causal_pairs
-from sim.cost_models.aiconfigurator import (AIC_SYSTEMS, TABLES, attention_lane, attention_rows, bf16_gemm, bracket,
-                                            nearest, package_root, read_table, table_file, version_key)
+from sim.cost_models.aic_tables import (AIC_SYSTEMS, TABLES, attention_lane, attention_rows, bf16_gemm, package_root,
+                                        read_table, table_file, version_key)
+from sim.cost_models.log_curves import bracket, nearest
 
 EXTRACT_DIR = Path(__file__).with_name("data") / "aic_extract"
 EXTRACT_FILE = EXTRACT_DIR / "kernels.csv"

@@ -20,225 +20,23 @@ is a bisect and a power: a simulation prices millions of steps.
 from __future__ import annotations
 
 import importlib.metadata
-import importlib.util
 import math
-import re
-from bisect import bisect_right
-from dataclasses import dataclass
-from functools import lru_cache
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from sim.cost_models.aic_tables import (AIC_SYSTEMS, MS, PACKAGE, TABLES, attention_lane, attention_rows,
+                                        available_hardware, bf16_gemm, gemm_grid, mean_points, package_root,
+                                        read_table, table_file)
 from sim.cost_models.hardware import get_hardware
 from sim.cost_models.kernels import AttentionShape
+from sim.cost_models.log_curves import BatchGrid, LogCurve, Streaming, blend, bracket, nearest
 
 if TYPE_CHECKING:
     import pandas as pd
 
     from sim.cost_models.model_shape import ModelShape
-
-MISSING_EXTRA = "--cost-model aiconfigurator: needs the aic extra (pip install 'stepscope[aic]')"
-PACKAGE = "aiconfigurator-core"
-# stepscope hardware name -> AIConfigurator system (its systems/<name>.yaml and systems/data/<name>/).
-AIC_SYSTEMS = {"a100": "a100_sxm", "b200": "b200_sxm", "h100": "h100_sxm", "h200": "h200_sxm", "l40s": "l40s",
-               "rtx-pro-6000": "rtx_pro_6000_server"}
-TABLES = {"gemm": ("gemm", "gemm_perf"), "context": ("attention", "context_attention_perf"),
-          "generation": ("attention", "generation_attention_perf"), "all_reduce": ("comm", "custom_allreduce_perf")}
-# vLLM's default attention kernel first (FA3 on Hopper, FlashInfer's TRT-LLM kernels on B200, FA2 on
-# Ada and consumer Blackwell, the single FA lane of older tables); the rest only if none of these is there.
-ATTENTION_LANES = ("vllm_flash_attn_fa3", "vllm_flashinfer_trtllmprefill", "vllm_flashinfer_trtllmdecode",
-                   "vllm_flash_attn_fa2", "vllm_flash_attn", "vllm_flashinfer_fiprefill", "vllm_flashinfer_fidecode",
-                   "vllm_flashinfer", "vllm_flash_attn_fa4", "vllm_triton_attn")
-MS = 1e-3  # every table's latency column is in milliseconds (CUDA event time)
 FLOOR_MAX_NK = 128  # the GEMMs whose time is all launch and tail
 STREAM_MIN_BYTES = 256 << 20  # weights too large to stay in L2: the GEMM streams them from memory
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4}
-
-
-@dataclass(frozen=True, slots=True)
-class LogCurve:
-    """Times measured at increasing `xs`: linear in log-log between points, the first time below them,
-    `ts[-1] * (x / xs[-1]) ** power` above them."""
-
-    xs: tuple[float, ...]
-    ts: tuple[float, ...]
-    slopes: tuple[float, ...]  # slopes[i]: log-log slope from point i-1 to point i (slopes[0] unused)
-    power: float
-
-    @classmethod
-    def of(cls, xs: list[float], ts: list[float], power: float = 1.0) -> LogCurve:
-        if not xs or len(xs) != len(ts) or any(b <= a for a, b in zip(xs, xs[1:])) or min(ts) <= 0:
-            raise ValueError("a curve needs increasing x and positive times")
-        slopes = [0.0] + [math.log(ts[i] / ts[i - 1]) / math.log(xs[i] / xs[i - 1]) for i in range(1, len(xs))]
-        return cls(tuple(map(float, xs)), tuple(map(float, ts)), tuple(slopes), power)
-
-    def __call__(self, x: float) -> float:
-        xs = self.xs
-        i = bisect_right(xs, x)
-        if i == 0:
-            return self.ts[0]
-        if i == len(xs):
-            return self.ts[-1] if x == xs[-1] else self.ts[-1] * (x / xs[-1]) ** self.power
-        x0 = xs[i - 1]
-        return self.ts[i - 1] if x == x0 else self.ts[i - 1] * (x / x0) ** self.slopes[i]
-
-
-@dataclass(frozen=True, slots=True)
-class BatchGrid:
-    """Decode attention over (batch, context): one context curve per measured batch (their context
-    ranges differ: the tables stop where batch x context gets large), log-log between batches, in
-    proportion to the batch above the largest."""
-
-    batches: tuple[float, ...]
-    curves: tuple[LogCurve, ...]
-
-    def __call__(self, batch: float, kv: float) -> float:
-        return self.at(batch, kv)[0]
-
-    def at(self, batch: float, kv: float) -> tuple[float, bool]:
-        """(seconds, outside): outside when past the largest batch or past the contexts measured in the
-        batch rows it is read from."""
-        bs = self.batches
-        i = bisect_right(bs, batch)
-        if i == 0:
-            return self.curves[0](kv), True
-        below = self.curves[i - 1]
-        t0 = below(kv)
-        outside = kv > below.xs[-1] or kv < below.xs[0]
-        b0 = bs[i - 1]
-        if batch == b0:
-            return t0, outside
-        if i == len(bs):
-            return t0 * batch / b0, True
-        above = self.curves[i]
-        w = math.log(batch / b0) / math.log(bs[i] / b0)
-        return t0 * (above(kv) / t0) ** w, outside or kv > above.xs[-1] or kv < above.xs[0]
-
-
-@dataclass(frozen=True, slots=True)
-class Streaming:
-    """A kernel priced as `floor + tokens * per_token` (seconds): launch floor plus bytes over bandwidth."""
-
-    floor: float
-    per_token: float
-
-    def __call__(self, x: float) -> float:
-        return self.floor + x * self.per_token
-
-
-def package_root() -> Path:
-    """The installed aiconfigurator_core directory, found without importing it (its Rust extension loads
-    on import, and only the data files are read here)."""
-    spec = importlib.util.find_spec("aiconfigurator_core")
-    if spec is None or not spec.submodule_search_locations:
-        raise ValueError(MISSING_EXTRA)
-    return Path(next(iter(spec.submodule_search_locations)))
-
-
-def version_key(version: str) -> tuple[int, ...]:
-    return tuple(int(p) if p.isdigit() else -1 for p in re.split(r"[.\-+]", version))
-
-
-def table_file(root: Path, system: str, kind: str, prefer: str | None = None) -> tuple[str, Path] | None:
-    """(vLLM version, file) of the version directory `prefer` names if it holds a table of this kind, else
-    of the newest one that does, or None."""
-    family, stem = TABLES[kind]
-    base = root / "systems" / "data" / system / family / "vllm"
-    if not base.is_dir():
-        return None
-    versions = sorted((p.name for p in base.iterdir() if p.is_dir()), key=version_key, reverse=True)
-    for version in ([prefer] if prefer in versions else []) + versions:
-        for ext in (".parquet", ".csv", ".txt"):
-            path = base / version / (stem + ext)
-            if path.is_file():
-                return version, path
-    return None
-
-
-def available_hardware(root: Path | None = None) -> list[str]:
-    """The stepscope hardware names whose system has vLLM GEMM and attention tables in the installed package."""
-    root = root or package_root()
-    return sorted(name for name, system in AIC_SYSTEMS.items()
-                  if all(table_file(root, system, kind) for kind in ("gemm", "context", "generation")))
-
-
-@lru_cache(maxsize=32)
-def read_table(path: str) -> pd.DataFrame:
-    """One table, parsed once per process (sweeps build many cost models over the same files)."""
-    import pandas as pd
-
-    return pd.read_parquet(path) if path.endswith(".parquet") else pd.read_csv(path, skipinitialspace=True)
-
-
-def bf16_gemm(path: str) -> pd.DataFrame:
-    df = read_table(path)
-    df = df[df["latency"] > 0]
-    df = df[df["gemm_dtype"].isin(("bfloat16", "float16"))] if "gemm_dtype" in df else df
-    if "kernel_source" in df and df["kernel_source"].nunique() > 1:  # one kernel per shape: the best-covered
-        df = df[df["kernel_source"] == df["kernel_source"].value_counts().idxmax()]
-    return df
-
-
-@lru_cache(maxsize=16)
-def _gemm_grid(path: str) -> tuple[dict[tuple[int, int], tuple[list[float], list[float]]], list[int], list[int]]:
-    """{(n, k): (m, seconds)} of the bf16 GEMMs, with the sorted n and k grids."""
-    mean = bf16_gemm(path).groupby(["n", "k", "m"])["latency"].mean()  # sorted by n, k, then m
-    n, k, m = (mean.index.get_level_values(i).to_numpy() for i in range(3))
-    t = mean.to_numpy() * MS
-    starts = [0, *(i for i in range(1, len(n)) if n[i] != n[i - 1] or k[i] != k[i - 1]), len(n)]
-    table = {(int(n[a]), int(k[a])): (m[a:b].tolist(), t[a:b].tolist()) for a, b in zip(starts, starts[1:])}
-    return table, sorted({n for n, _ in table}), sorted({k for _, k in table})
-
-
-def attention_rows(path: str) -> pd.DataFrame:
-    """bf16 attention with a bf16 KV cache, no sliding window, no beam search."""
-    df = read_table(path)
-    df = df[df["latency"] > 0]
-    keep = df["kv_cache_dtype"].isin(("bfloat16", "float16")) if "kv_cache_dtype" in df else True
-    if "window_size" in df:
-        keep = keep & (df["window_size"] == 0)
-    if "beam_width" in df:
-        keep = keep & (df["beam_width"] == 1)
-    return df[keep] if keep is not True else df
-
-
-def attention_lane(df: pd.DataFrame, head_dim: int) -> str:
-    """vLLM's default kernel among the table's lanes: the first of ATTENTION_LANES that measured this
-    head_dim, else the first present, else the lane with the most rows."""
-    present = set(df["kernel_source"])
-    known = [lane for lane in ATTENTION_LANES if lane in present]
-    dims = df.groupby("kernel_source")["head_dim"].agg(set)
-    return next((lane for lane in known if head_dim in dims[lane]),
-                known[0] if known else str(df["kernel_source"].value_counts().idxmax()))
-
-
-def _points(g: pd.DataFrame, x: str) -> tuple[list[float], list[float]]:
-    """(x, seconds) sorted by x, repeated measurements of one x averaged."""
-    m = g.groupby(x)["latency"].mean().sort_index()
-    return m.index.tolist(), [t * MS for t in m.tolist()]
-
-
-def nearest(values: list[int], x: float) -> int:
-    return min(values, key=lambda v: (abs(math.log(v / x)), -v))
-
-
-def bracket(grid: list[int], x: float) -> tuple[list[tuple[int, float]], float]:
-    """Grid points around x with their log-space weights, and the factor for x past the top of the grid."""
-    if x <= grid[0]:
-        return [(grid[0], 1.0)], 1.0
-    if x >= grid[-1]:
-        return [(grid[-1], 1.0)], x / grid[-1]
-    i = bisect_right(grid, x)
-    lo, hi = grid[i - 1], grid[i]
-    if x == lo:
-        return [(lo, 1.0)], 1.0
-    w = math.log(x / lo) / math.log(hi / lo)
-    return [(lo, 1.0 - w), (hi, w)], 1.0
-
-
-def _blend(curves: list[tuple[Any, float]], points: list[float], scale: float = 1.0) -> list[float]:
-    """Weighted geometric mean of callables at `points`, times `scale`."""
-    return [scale * math.exp(sum(w * math.log(c(x)) for c, w in curves)) for x in points]
 
 
 class AIConfiguratorKernels:
@@ -361,7 +159,7 @@ class AIConfiguratorKernels:
         curve = self._gemms.get((n, k))
         if curve is not None:
             return curve
-        table, ns, ks = _gemm_grid(str(self.files["gemm"][1]))
+        table, ns, ks = gemm_grid(str(self.files["gemm"][1]))
         n_pts, n_scale = bracket(ns, n)
         k_pts, k_scale = bracket(ks, k)
         corners = []
@@ -381,7 +179,7 @@ class AIConfiguratorKernels:
             curve = corners[0][0]
         else:
             points = sorted(set().union(*(c.xs for c, _, _ in corners)))
-            curve = LogCurve.of(points, _blend([(c, w) for c, w, _ in corners], points, n_scale * k_scale))
+            curve = LogCurve.of(points, blend([(c, w) for c, w, _ in corners], points, n_scale * k_scale))
         self._gemms[(n, k)] = curve
         return curve
 
@@ -470,7 +268,7 @@ class AIConfiguratorKernels:
         rows = rows[rows["batch_size"] == 1]
 
         def curve(g: pd.DataFrame, over: float) -> LogCurve:
-            xs, ts = _points(g, "isl")
+            xs, ts = mean_points(g, "isl")
             return LogCurve.of(xs, [t * scale * over for t in ts], power=2.0)
 
         parts = self._by_heads(rows, curve)
@@ -478,7 +276,7 @@ class AIConfiguratorKernels:
             self._context = parts[0][0]
         else:
             points = sorted(set().union(*(c.xs for c, _ in parts)))
-            self._context = LogCurve.of(points, _blend(parts, points), power=2.0)
+            self._context = LogCurve.of(points, blend(parts, points), power=2.0)
         self.notes["context lane"] = lane
         return self._context
 
@@ -506,7 +304,7 @@ class AIConfiguratorKernels:
             batches, curves = [], []
             for b, gb in g.groupby("batch_size"):
                 # The table's step is the context each decode attends to (cached tokens plus its own).
-                xs, ts = _points(gb, "step")
+                xs, ts = mean_points(gb, "step")
                 curves.append(LogCurve.of(xs, [t * scale * over for t in ts]))
                 batches.append(float(b))
             return BatchGrid(tuple(batches), tuple(curves))
@@ -538,7 +336,7 @@ class AIConfiguratorKernels:
             return None
         # message_size counts elements of allreduce_dtype.
         df = df.assign(nbytes=df["message_size"] * df["allreduce_dtype"].map(DTYPE_BYTES).fillna(2))
-        return LogCurve.of(*_points(df, "nbytes"))
+        return LogCurve.of(*mean_points(df, "nbytes"))
 
 
 # --- the extract kept in the repository (data/aic_extract), for fits and tests without the package ------
