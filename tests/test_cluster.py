@@ -1,6 +1,7 @@
 """Cluster simulation: one replica reproduces the single-replica simulator, the routers route as
 specified, and a cluster trace carries a `replica` column that traces.load reads."""
 import dataclasses
+import gc
 
 import pandas as pd
 import pytest
@@ -148,3 +149,30 @@ def test_prefix_affinity_raises_the_prefix_hit_rate_on_the_mooncake_trace():
 def test_unknown_router_is_a_one_line_error():
     with pytest.raises(ValueError, match="unknown router 'nearest'"):
         make_router("nearest")
+
+
+def _garbage_kinds_after(drop) -> set[str]:
+    """The kinds of object the garbage collector finds (cyclic garbage) once `drop()` has run."""
+    gc.collect()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        drop()
+        gc.collect()
+        return {type(o).__name__ for o in gc.garbage}
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+
+
+def test_a_released_cluster_is_freed_without_the_garbage_collector():
+    """A plan simulates hundreds of runs in one process: released, a run's replicas, schedulers, requests
+    and blocks go as soon as the cluster does (unreleased, they were cyclic garbage)."""
+    sched, cache = _configs(blocks=200, max_num_seqs=4)
+    holder = [Cluster(2, sched, cache, FixedCost(), "round_robin")]
+    holder[0].run([_req(i, 0.01 * i, prompt=40, out=6) for i in range(12)])
+
+    def drop():
+        holder[0].release()
+        holder.clear()
+
+    assert not _garbage_kinds_after(drop) & {"Replica", "Scheduler", "Request", "KVCacheBlock"}

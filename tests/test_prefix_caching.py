@@ -85,6 +85,21 @@ def test_free_queue_eviction_order():
     assert order == [ids[2]] + untouched + [ids[1], ids[0]]
 
 
+def test_a_released_pool_leaves_no_linked_block_behind():
+    """BlockPool.release unlinks the free queue (neighbours reference each other: cycles for the garbage
+    collector), cached and never-used blocks alike, and forgets the cache."""
+    kv = _manager()
+    a = _req("a", list(range(100, 110)))
+    _admit(kv, a)
+    kv.free(a)
+    pool = kv.block_pool
+    queue = pool.free_block_queue
+    linked = [queue._head, queue._tail, *pool.blocks]
+    pool.release()
+    assert all(b.prev_free_block is None and b.next_free_block is None for b in linked)
+    assert pool.cached_block_hash_to_block == {}
+
+
 @given(st.lists(st.integers(1, 9), unique=True), st.lists(st.integers(10, 19), unique=True))
 def test_append_n_links_blocks_as_appending_them_one_by_one(taken, returned):
     """A freed request's cached blocks go to the LRU tail in one pass (append_n): the same queue."""

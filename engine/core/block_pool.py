@@ -157,6 +157,17 @@ class FreeKVCacheBlockQueue:
             block = block.next_free_block
         return out
 
+    def unlink(self) -> None:
+        """Drop every link, sentinels included: neighbours reference each other, so a queue let go of
+        linked is a chain of reference cycles that only the garbage collector frees. The queue is
+        unusable afterwards."""
+        block = self._head
+        while block is not None:
+            following = block.next_free_block
+            block.prev_free_block = block.next_free_block = None
+            block = following
+        self.num_free_blocks = 0
+
 
 class BlockPool:
     """Owns every block. Block 0 is the null block: never handed out, used to pad block tables.
@@ -278,6 +289,13 @@ class BlockPool:
         for block in self.made_blocks:
             block.block_hash = None
         return True
+
+    def release(self) -> None:
+        """The end of the pool: its blocks are freed as soon as nothing else holds them, not left to the
+        garbage collector's passes over the live heap (a capacity plan lets go of a pool of tens of
+        thousands of blocks per simulated run). Unusable afterwards."""
+        self.free_block_queue.unlink()
+        self.cached_block_hash_to_block.clear()
 
     def get_num_free_blocks(self) -> int:
         return self.free_block_queue.num_free_blocks

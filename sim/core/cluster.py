@@ -193,6 +193,14 @@ class Cluster:
     def clock(self) -> float:
         return self.now
 
+    def release(self) -> None:
+        """Free the run's replicas now (`Replica.release`), its result read: a capacity plan simulates
+        hundreds of runs in one process, and left to the garbage collector each run's pools and requests
+        cost it passes over everything alive."""
+        for r in self.replicas:
+            r.release()
+        self.replicas = []
+
     def ended(self, req: Request) -> None:
         """A request ended (finished, rejected): the watch may have its verdict, the progress bar moves."""
         if self.watch is not None and self.watch.ended(req):

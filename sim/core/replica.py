@@ -87,6 +87,15 @@ class Replica:
     def clock(self) -> float:
         return self.now
 
+    def release(self) -> None:
+        """Let go of everything this replica simulated, once its run has been read: the step policy is
+        closed and the pool's links and every reference held here dropped, so the scheduler, its requests
+        and blocks are freed at once (the scheduler's clock, this replica's method, made a cycle). The
+        replica does nothing afterwards."""
+        self.policy.close()
+        self.scheduler.kv_cache_manager.block_pool.release()
+        vars(self).clear()
+
     def attach(self, recorder: TraceRecorder) -> None:
         """Record this replica's steps (its cycle's recorder times each step by the cost model's split),
         its decode runs included."""

@@ -246,6 +246,7 @@ def run_at_rate(spec: PlanSpec, config: PlanConfig, rate: float, trace_dir: str 
     profile's measured scatter. `headroom` takes in how near the run came to its limits, at its
     `peak_blocks`' block sizes (sim.core.headroom)."""
     from sim.core.cluster import Cluster
+    from sim.core.stepping import fewer_collections
 
     reqs = base_requests(spec.workload, spec.max_requests, spec.length_scale, spec.vocab_size, config.max_model_len)
     scale = base_rate(reqs) / rate
@@ -254,15 +255,21 @@ def run_at_rate(spec: PlanSpec, config: PlanConfig, rate: float, trace_dir: str 
         from sim.cost_models.residuals import ResidualScaled
 
         cost = ResidualScaled(cost, residual_table(spec.residual_profile), residual_seed)
-    cluster = Cluster(config.replicas, sched, cache, cost, config.router, trace_dir=trace_dir,
-                      meta={"plan": {"config": config.to_dict(), "rate": rate}}, seed=spec.seed,
-                      vocab_size=spec.vocab_size, overwrite=overwrite,
-                      headroom_block_sizes=tuple(headroom.peak_blocks) if headroom is not None else None)
     stream = (SimRequest(request_id=r.request_id, arrival=r.arrival * scale, prompt_token_ids=r.prompt_token_ids,
                          max_tokens=r.max_tokens, add_time=r.add_time * scale, num_prompt_tokens=r.num_prompt_tokens,
                          prompt_block_hashes=r.prompt_block_hashes)
               for r in reqs)
-    result = cluster.run(stream, watch)
+    # A search runs many short simulations: each is freed as soon as it is read (Cluster.release), and no
+    # collection runs before then, which would pass over all of it while it is still alive.
+    with fewer_collections():
+        cluster = Cluster(config.replicas, sched, cache, cost, config.router, trace_dir=trace_dir,
+                          meta={"plan": {"config": config.to_dict(), "rate": rate}}, seed=spec.seed,
+                          vocab_size=spec.vocab_size, overwrite=overwrite,
+                          headroom_block_sizes=tuple(headroom.peak_blocks) if headroom is not None else None)
+        try:
+            result = cluster.run(stream, watch)
+        finally:
+            cluster.release()
     if headroom is not None:
         headroom.merge(result.headroom)
     return result.requests
