@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
     from sim.cost_models.model_shape import ModelShape
+
 FLOOR_MAX_NK = 128  # the GEMMs whose time is all launch and tail
 STREAM_MIN_BYTES = 256 << 20  # weights too large to stay in L2: the GEMM streams them from memory
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4}
