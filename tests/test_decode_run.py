@@ -15,8 +15,9 @@ def token(rid: str, pos: int) -> int:
     return 100 + zlib.crc32(f"{rid}:{pos}".encode()) % 30_000
 
 
-def upcoming(rid: str, first: int, count: int) -> list[int]:
-    return [token(rid, p) for p in range(first, first + count)]
+def upcoming(requests, count: int) -> list[list[int]]:
+    return [[token(r.request_id, p) for p in range(len(r.output_token_ids), len(r.output_token_ids) + count)]
+            for r in requests]
 
 
 def one_step(sched):

@@ -118,6 +118,28 @@ def test_fake_runner_feeds_recorded_tokens_then_hashed_ones():
     assert runner.execute(so, requests).sampled_token_ids[0] != [51]  # past the recorded ones: hashed
 
 
+@pytest.mark.parametrize("count", [2, 40])  # 6 x 2 tokens drawn in Python, 6 x 40 in one numpy expression
+@pytest.mark.parametrize("recorded", [False, True])
+def test_upcoming_tokens_are_those_the_runner_samples_step_by_step(count, recorded):
+    """A decode run's tokens drawn ahead (`upcoming`) are the ones `execute` samples at each position."""
+    requests = {}
+    runner = FakeModelRunner(seed=3, vocab_size=1 << 20, requests=requests)
+    for i in range(6):
+        rid = f"r{i}"
+        runner.register(rid, [60 + i] * 5 if recorded and i % 2 else None)
+        req = Request(rid, [5, 6, 7], SamplingParams(max_tokens=1000))
+        req.output_token_ids.extend(range(100 * i))  # each at its own output position
+        requests[rid] = req
+    ahead = runner.upcoming(list(requests.values()), count)
+    so = SchedulerOutput([], CachedRequestData(), dict.fromkeys(requests, 1), len(requests), set())
+    stepped = []
+    for j in range(count):
+        for req in requests.values():
+            req.num_computed_tokens = len(req.prompt_token_ids) + len(req.output_token_ids) + j
+        stepped.append([t for (t,) in runner.execute(so, requests).sampled_token_ids])
+    assert ahead == [list(column) for column in zip(*stepped)]
+
+
 class RowsOnlyWriter:
     """A writer that takes only dict rows: the recorder's fallback path, none of the shared buffers."""
 

@@ -67,10 +67,11 @@ class DecodeRun:
 
     @classmethod
     def plan(cls, scheduler: Scheduler, max_steps: int,
-             upcoming: Callable[[str, int, int], list[int]]) -> DecodeRun | None:
+             upcoming: Callable[[list[Request], int], list[list[int]]]) -> DecodeRun | None:
         """The run from here: at most `max_steps`, none that reaches a request's length limit (that step
         finishes it) or samples a token that may stop it (check_stop decides: that step is the loop's).
-        `upcoming(request_id, first output position, count)` gives the tokens sampled. None: not one step."""
+        `upcoming(requests, count)` gives the tokens each samples at its next `count` output positions.
+        None: not one step."""
         steps = max_steps
         running = scheduler.running
         for req in running:
@@ -79,16 +80,14 @@ class DecodeRun:
                 steps = left
         if steps <= 0:
             return None
-        tokens = []
-        for req in running:
-            toks = upcoming(req.request_id, len(req.output_token_ids), steps)
+        tokens = upcoming(running, steps)
+        for req, toks in zip(running, tokens):
             stop = req.stop_token_set
             if stop:
                 for j, t in enumerate(toks):
                     if t in stop:
                         steps = j
                         break
-            tokens.append(toks)
         return cls(scheduler, tokens, steps) if steps > 0 else None
 
     def next_crossing(self) -> int | None:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import zlib
 from collections import deque
 
+import numpy as np
+
 from engine.core.outputs import ModelRunnerOutput
 from engine.core.request import Request
 from engine.core.sched_output import SchedulerOutput
@@ -18,6 +20,8 @@ FIRST_TOKEN_ID = 3  # leave the special ids (BOS/EOS/PAD) alone, as the workload
 _MULTIPLIER = 2654435761  # Knuth's multiplicative hash: consecutive positions land far apart
 # What a partial prefill samples; one shared list, since the scheduler only reads sampled tokens.
 _NOTHING: list[int] = []
+# A decode run's tokens below this many are drawn in Python: numpy's fixed cost is larger there.
+_BATCHED_TOKENS = 64
 
 
 class FakeModelRunner:
@@ -48,8 +52,20 @@ class FakeModelRunner:
         self._recorded.pop(request_id, None)
         self._base.pop(request_id, None)
 
-    def upcoming(self, request_id: str, first_pos: int, count: int) -> list[int]:
-        """The tokens `execute` would sample at output positions first_pos .. first_pos + count - 1."""
+    def upcoming(self, requests: list[Request], count: int) -> list[list[int]]:
+        """The tokens `execute` would sample for each request at its next `count` output positions (a
+        decode run's). Without recorded tokens, one numpy expression for the whole batch where it is
+        large enough to pay for itself: positions stay far below 2**31, so nothing overflows int64."""
+        if self._recorded or len(requests) * count < _BATCHED_TOKENS:
+            return [self._upcoming(r.request_id, len(r.output_token_ids), count) for r in requests]
+        base = self._base
+        n = len(requests)
+        bases = np.fromiter((base[r.request_id] for r in requests), np.int64, n)
+        firsts = np.fromiter((len(r.output_token_ids) for r in requests), np.int64, n)
+        positions = firsts[:, None] + np.arange(count, dtype=np.int64)
+        return ((bases[:, None] + positions * _MULTIPLIER) % self.span + FIRST_TOKEN_ID).tolist()
+
+    def _upcoming(self, request_id: str, first_pos: int, count: int) -> list[int]:
         rec = self._recorded.get(request_id)
         tokens = rec[first_pos:first_pos + count] if rec is not None else []
         base, span = self._base[request_id], self.span
