@@ -126,9 +126,10 @@ def test_upcoming_tokens_are_those_the_runner_samples_step_by_step(count, record
     runner = FakeModelRunner(seed=3, vocab_size=1 << 20, requests=requests)
     for i in range(6):
         rid = f"r{i}"
-        runner.register(rid, [60 + i] * 5 if recorded and i % 2 else None)
+        # Recorded requests start inside their 8 recorded tokens: 40 steps run past them into hashed ones.
+        runner.register(rid, [60 + k for k in range(8)] if recorded and i % 2 else None)
         req = Request(rid, [5, 6, 7], SamplingParams(max_tokens=1000))
-        req.output_token_ids.extend(range(100 * i))  # each at its own output position
+        req.output_token_ids.extend(range(i))  # each at its own output position
         requests[rid] = req
     ahead = runner.upcoming(list(requests.values()), count)
     so = SchedulerOutput([], CachedRequestData(), dict.fromkeys(requests, 1), len(requests), set())
