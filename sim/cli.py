@@ -16,7 +16,10 @@ from typing import TYPE_CHECKING, Any
 from sim.cost_models.hardware import hardware_help
 from sim.flags import OneLineParser, add_engine_flags, config_error, recorded_or_flag
 from sim.plan.config import DEFAULT_HARDWARE, DEFAULT_MODEL
+from traces.outputs import Output, check_outputs, existing_paths
 from traces.recorder import TRACE_LEVELS
+from traces.trace_dir import check_trace_output
+from workloads.workload import check_time_scale
 
 if TYPE_CHECKING:
     from engine.core.config import CacheConfig, SchedulerConfig
@@ -117,8 +120,7 @@ def build_configs(args: argparse.Namespace, source: Source,
 
 
 def _check_flags(args: argparse.Namespace) -> None:
-    if not args.time_scale > 0:
-        raise ValueError(f"--time-scale: must be > 0, got {args.time_scale}")
+    check_time_scale(args.time_scale)
     if args.samples is not None and args.samples < 1:
         raise ValueError(f"--samples: must be >= 1, got {args.samples}")
     if (args.samples or args.step_noise) and (args.cost_model or "") in ("recorded", "roofline", ""):
@@ -130,8 +132,10 @@ def _check_flags(args: argparse.Namespace) -> None:
             raise ValueError(f"{flag}: must be >= {low}, got {value}")
     if not Path(args.source).exists():
         raise ValueError(f"{args.source}: no such workload file or trace directory")
-    if args.trace is not None and Path(args.trace).resolve() == Path(args.source).resolve():
-        raise ValueError(f"--trace {args.trace}: is the replay's own source; name another directory")
+    inputs = [args.source, args.profile, *existing_paths(args.model, args.hardware, args.cost_model)]
+    check_outputs([Output("--plots", args.plots, directory=True)] if args.plots else [], inputs)
+    if args.trace is not None:
+        check_trace_output(args.trace, args.overwrite, inputs)
 
 
 def _simulate(args: argparse.Namespace, trace_dir: str, residual_seed: int | None = None,
@@ -267,6 +271,8 @@ def compare(args: argparse.Namespace) -> int:
     import traces
     from sim.fidelity.compare import compare_traces, format_report
 
+    if args.plots:
+        check_outputs([Output("--plots", args.plots, directory=True)], [args.trace_a, args.trace_b])
     a, b = traces.load(args.trace_a), traces.load(args.trace_b)
     report = compare_traces(a, b)
     print(_json(report) if args.json else format_report(report))

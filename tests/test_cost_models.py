@@ -145,9 +145,10 @@ def test_sim_calibrate_writes_a_profile_and_prints_the_fit_error(two_traces, tmp
 
 
 def test_sim_calibrate_rejects_a_directory_that_is_not_a_trace(tmp_path, capsys):
-    assert sim_main(["calibrate", str(tmp_path), "-o", str(tmp_path / "p.json")]) == 2
+    (tmp_path / "not_a_trace").mkdir()
+    assert sim_main(["calibrate", str(tmp_path / "not_a_trace"), "-o", str(tmp_path / "p.json")]) == 2
     err = capsys.readouterr().err.strip()
-    assert "\n" not in err and str(tmp_path) in err and "not a trace directory" in err
+    assert "\n" not in err and str(tmp_path / "not_a_trace") in err and "not a trace directory" in err
     assert not (tmp_path / "p.json").exists()
 
 

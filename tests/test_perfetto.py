@@ -188,9 +188,10 @@ def test_cli_export_writes_the_file_and_exits_zero(dirs, tmp_path):
 
 
 def test_cli_refuses_a_directory_that_is_not_a_trace_with_one_line(tmp_path, capsys):
-    assert main(["export", str(tmp_path), "-o", str(tmp_path / "x.json")]) == 2
+    (tmp_path / "not_a_trace").mkdir()
+    assert main(["export", str(tmp_path / "not_a_trace"), "-o", str(tmp_path / "x.json")]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and str(tmp_path) in err and "meta.json" in err
+    assert err.count("\n") == 1 and str(tmp_path / "not_a_trace") in err and "meta.json" in err
     assert not (tmp_path / "x.json").exists()
 
 

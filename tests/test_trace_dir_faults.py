@@ -56,7 +56,7 @@ def test_a_replay_into_its_own_source_is_refused_even_with_overwrite(existing, c
     before = _snapshot(existing)
     capsys.readouterr()
     assert sim_main(["replay", str(existing), "--trace", str(existing), "--overwrite", "--no-progress"]) == 2
-    assert "own source" in _one_error_line(capsys)
+    assert "own inputs" in _one_error_line(capsys)
     assert _snapshot(existing) == before
 
 

@@ -25,7 +25,10 @@ def main(argv: list[str] | None = None) -> int:
 
     def body() -> int:
         if args.command == "export":
+            from traces.outputs import Output, check_outputs
             from traces.perfetto import export_perfetto
+
+            check_outputs([Output("-o", args.output)], args.trace_dirs)
 
             n = export_perfetto(args.trace_dirs, args.output)
             print(f"wrote {args.output}: {n} events from {len(args.trace_dirs)} trace(s)")

@@ -11,7 +11,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from traces.files import replaced_when_done
+from traces.outputs import replaced_when_done
 
 # Row groups of at most this many rows: a compacted table is read column by column, and a few large
 # groups compress better than one per flush. And of at most this many bytes: a group is held whole while

@@ -30,7 +30,7 @@ from typing import Any
 import orjson
 import pandas as pd
 
-from traces.files import replaced_when_done
+from traces.outputs import replaced_when_done
 from traces.reader import Trace, load
 
 STEPS_TID, PREFILL_TID, DECODE_TID, MIXED_TID, PREEMPT_TID, STARTUP_TID, OVERLAP_TID = 1, 2, 3, 4, 5, 6, 7
@@ -266,7 +266,7 @@ def export_perfetto(trace_dirs: list[str | Path], out: str | Path) -> int:
     are made, so memory holds a trace's tables, not its events. `out` appears only when complete.
     Raises traces.TraceError for a directory that is not a trace, OSError when `out` cannot be written."""
     n = 0
-    with replaced_when_done(Path(out)) as tmp, open(tmp, "wb") as f:
+    with replaced_when_done(Path(out), "-o") as tmp, open(tmp, "wb") as f:
         f.write(b'{"displayTimeUnit":"ms","traceEvents":[')
         for pid, path in enumerate(trace_dirs, 1):
             trace = load(path, columns=EXPORT_COLUMNS, tables=EXPORT_TABLES)

@@ -13,17 +13,10 @@ from typing import Any
 import pandas as pd
 
 from traces.arrowstream import arrow_stream_file, read_arrow_stream
+from traces.errors import TraceError, TraceWarning
 from traces.frames import STEP_ROW_TABLES, arrow_to_frame, clip_rows
 from traces.schema import FORMAT_VERSION, META_FILE, SPANS_FILE, TABLES, parquet_file, stream_file
 from traces.streams import StreamError, first_row_keys, read_stream
-
-
-class TraceError(ValueError):
-    """A directory that is not a readable trace; the message is one line naming the path."""
-
-
-class TraceWarning(UserWarning):
-    """Something of a trace was read around (shown as one line by the command-line tools)."""
 
 
 class TruncatedTraceWarning(TraceWarning):
@@ -66,6 +59,9 @@ class Trace:
                 f"requests={len(self.requests)}, complete={self.complete})")
 
 
+MAX_META_BYTES = 64 << 20  # a meta.json holds configs and a workload's description, never rows
+
+
 def read_meta(root: Path) -> dict[str, Any]:
     """meta.json as a dict of this format version, or a one-line TraceError."""
     meta_path = root / META_FILE
@@ -74,7 +70,11 @@ def read_meta(root: Path) -> dict[str, Any]:
     if not meta_path.is_file():
         raise TraceError(f"{root}: not a trace directory (no {META_FILE})")
     try:
-        text = meta_path.read_bytes().decode("utf-8")
+        with open(meta_path, "rb") as f:
+            data = f.read(MAX_META_BYTES + 1)
+        if len(data) > MAX_META_BYTES:
+            raise TraceError(f"{meta_path}: more than {MAX_META_BYTES:,} bytes, too large for a trace's meta")
+        text = data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise TraceError(f"{meta_path}: not UTF-8 (byte {e.start})") from None
     try:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import queue
 import threading
 import time
@@ -23,9 +24,9 @@ import orjson
 
 from traces.arrowstream import arrow_stream_file, arrow_stream_to_parquet, to_batch
 from traces.runs import GridSpec, RunSpec, merge_runs
-from traces.schema import FORMAT_VERSION, META_FILE, OPTIONAL_COLUMNS, TABLES, TEMP_SUFFIX, arrow_schema, parquet_file, stream_file
-from traces.files import replaced_when_done
-from traces.trace_dir import TraceDirLock, TraceWriteError, trace_files
+from traces.schema import FORMAT_VERSION, META_FILE, OPTIONAL_COLUMNS, TABLES, arrow_schema, parquet_file, stream_file
+from traces.outputs import open_new_nofollow, replaced_when_done
+from traces.trace_dir import TraceDirLock, TraceWriteError
 
 _OPTIONS = orjson.OPT_SERIALIZE_NUMPY  # numpy scalars from cost models and tables are plain numbers here
 STREAM_FORMATS = ("jsonl", "arrow")
@@ -68,11 +69,7 @@ class TraceWriter:
             raise ValueError(f"stream_format: must be one of {', '.join(STREAM_FORMATS)}, got {stream_format!r}")
         self.lock = TraceDirLock(path, overwrite)
         self.path = self.lock.path
-        for old in trace_files(self.path):
-            old.unlink()
-        for table in TABLES:
-            for stale in self.path.glob(f"{parquet_file(table)}.*{TEMP_SUFFIX}"):
-                stale.unlink(missing_ok=True)
+        self.lock.remove_old_trace()
         self.meta = {"format_version": FORMAT_VERSION, **meta, "versions": package_versions(),
                      "started_at": time.time(), "complete": False}
         self._write_meta()
@@ -84,12 +81,14 @@ class TraceWriter:
         self._files: dict[str, BinaryIO] = {}
         self._streams: dict[str, Any] = {}
         if self.stream_format == "jsonl":
-            self._files = {t: open(self.path / stream_file(t), "ab") for t in TABLES}
+            self._files = {t: open(open_new_nofollow(self.path / stream_file(t), append=True), "ab")
+                           for t in TABLES}
         else:
             import pyarrow as pa
 
             for t in TABLES:
                 schema = arrow_schema(t, extra_int_columns)
+                os.close(open_new_nofollow(self.path / arrow_stream_file(t)))  # a link there is refused, not followed
                 sink = pa.OSFile(str(self.path / arrow_stream_file(t)), "wb")
                 self._streams[t] = (sink, pa.ipc.new_stream(sink, schema), schema)
         self.flush_every = flush_every
@@ -193,6 +192,8 @@ class TraceWriter:
                 values.clear()
             if runs:
                 runs.clear()
+        if not handed:
+            return
         if self._thread is None:
             self._thread = threading.Thread(target=self._write_behind, name="trace-writer", daemon=True)
             self._thread.start()

@@ -28,7 +28,7 @@ from sim.cost_models.parts import PART_TERMS, PARTS, TERM_UNITS, batch_range, pa
 from sim.cost_models.residuals import level_quantile, levels_from, residual_table, run_levels
 from sim.cost_models.roofline import DTYPE_BYTES, effective_from_coefficients, model_shape
 from sim.calibration.fit import fit_mean_law, part_stats, ratios
-from traces.files import replaced_when_done
+from traces.outputs import Output, check_outputs, replaced_when_done
 from sim.cost_models.intake import fit_intake
 from traces import Trace, load
 
@@ -264,8 +264,9 @@ def main_calibrate(argv: list[str] | None = None) -> int:
     out = Path(args.output)
     if not out.parent.is_dir():
         raise ValueError(f"{out}: directory {out.parent} does not exist")
+    check_outputs([Output("-o", out)], args.traces)
     profile, fit_warns = calibrate([_load(p, warns) for p in args.traces])
-    with replaced_when_done(out) as tmp:  # a full disk never leaves half of it over the old one
+    with replaced_when_done(out, "-o") as tmp:  # a full disk never leaves half of it over the old one
         tmp.write_text(profile.to_json())
     for w in warns + fit_warns:
         print(f"sim calibrate: warning: {w}", file=sys.stderr)

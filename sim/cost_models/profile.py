@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, ValidationError, field_validator
 
+from engine.core.bounded_read import read_bounded
 from sim.cost_models.parts import DEVICE_TERMS
 
 PROFILE_KIND = "stepscope-cost-profile"
@@ -126,14 +127,16 @@ class CostProfile(_Data):
         return json.dumps(self.model_dump(mode="json"), indent=2) + "\n"
 
 
+MAX_PROFILE_BYTES = 64 << 20  # fitted coefficients and residual samples, never a trace's rows
+
+
 def load_profile(path: str | Path) -> CostProfile:
     """A PROFILE.json, checked; any problem is one ValueError line naming the file and the fields."""
     p = Path(path)
+    raw = read_bounded(p, MAX_PROFILE_BYTES, "profile file")
     try:
-        data = json.loads(p.read_text())
-    except FileNotFoundError:
-        raise ValueError(f"{p}: no such profile file") from None
-    except (OSError, UnicodeDecodeError) as e:
+        data = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as e:
         raise ValueError(f"{p}: cannot read ({e})") from None
     except json.JSONDecodeError as e:
         raise ValueError(f"{p}: not valid JSON ({e.msg} at line {e.lineno})") from None

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from sim.report.summary import inter_token_latencies
+from traces.outputs import save_png
 from traces.summary import request_latencies
 
 if TYPE_CHECKING:
@@ -50,7 +51,7 @@ def write_qq_plots(a: Trace, b: Trace, out_dir: str | Path) -> list[Path]:
         ax.grid(alpha=0.3)
         fig.tight_layout()
         path = out / f"{name}_qq.png"
-        fig.savefig(path, dpi=100)
+        save_png(fig, path)
         plt.close(fig)
         written.append(path)
     return written

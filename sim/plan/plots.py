@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from sim.plan.search import ConfigResult
 from sim.plan.table import PlanRow
 from sim.report.summary import SLO
+from traces.outputs import save_png
 
 if TYPE_CHECKING:
     from types import ModuleType
@@ -41,7 +42,7 @@ def write_plan_plots(rows: list[PlanRow], results: dict[str, ConfigResult], slos
     axes[0][0].legend(fontsize=6)
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
-    fig.savefig(out / "latency_vs_rate.png", dpi=100)
+    save_png(fig, out / "latency_vs_rate.png")
     plt.close(fig)
     written.append(out / "latency_vs_rate.png")
 
@@ -63,7 +64,7 @@ def write_plan_plots(rows: list[PlanRow], results: dict[str, ConfigResult], slos
     ax.set(xlabel="max rate within SLOs (req/s)", ylabel="$ per million output tokens")
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(out / "cost_frontier.png", dpi=100)
+    save_png(fig, out / "cost_frontier.png")
     plt.close(fig)
     written.append(out / "cost_frontier.png")
     written.append(_pareto(rows, swept, out, title, plt))
@@ -101,6 +102,6 @@ def _pareto(rows: list[PlanRow], swept: list[str], out: Path, title: str, plt: M
     ax.set(xlabel="tokens/s per user (1 / median TPOT)", ylabel="output tokens/s per replica")
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(out / "pareto.png", dpi=100)
+    save_png(fig, out / "pareto.png")
     plt.close(fig)
     return out / "pareto.png"

@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 
 from sim.report.token_stats import TokenStats, stream_token_stats, token_times
+from traces.outputs import save_png
 from traces.schema import REQUEST_COLUMNS
 from traces.summary import LATENCIES, format_summary, request_latencies, summarize
 
@@ -262,7 +263,7 @@ def write_plots(trace: SummaryTrace | Trace, out_dir: str | Path, bins: int = 20
         path = out / name
         fig.suptitle(title, fontsize=9)
         fig.tight_layout()
-        fig.savefig(path, dpi=100)
+        save_png(fig, path)
         plt.close(fig)
         written.append(path)
 

@@ -1,0 +1,26 @@
+"""Files a command reads whole are read with a cap, whatever their size: a huge (here sparse) meta.json or
+cost profile is one line naming it, not a read of everything it holds."""
+from __future__ import annotations
+
+import pytest
+
+import traces
+from sim.cost_models.profile import MAX_PROFILE_BYTES, load_profile
+from traces.reader import MAX_META_BYTES
+
+
+def _sparse(path, size: int) -> None:
+    with open(path, "wb") as f:
+        f.truncate(size)
+
+
+def test_a_meta_json_past_its_bound_is_one_line(tmp_path):
+    _sparse(tmp_path / "meta.json", MAX_META_BYTES + 1)
+    with pytest.raises(traces.TraceError, match="too large"):
+        traces.load(tmp_path)
+
+
+def test_a_cost_profile_past_its_bound_is_one_line(tmp_path):
+    _sparse(tmp_path / "p.json", MAX_PROFILE_BYTES + 1)
+    with pytest.raises(ValueError, match="too large"):
+        load_profile(tmp_path / "p.json")
