@@ -51,13 +51,26 @@ def _generate(args: argparse.Namespace) -> int:
                             top_k=args.top_k, min_p=args.min_p, seed=args.sampling_seed, stop=args.stop,
                             ignore_eos=args.ignore_eos)
     engine_args = EngineArgs.from_cli_args(args)
+    if engine_args.trace is not None:
+        from engine.run import model_inputs
+        from traces.trace_dir import check_trace_output
+
+        check_trace_output(engine_args.trace, engine_args.overwrite, model_inputs(args))
     llm = LLM(**{k: v for k, v in vars(engine_args).items()})
-    for out in llm.generate(list(args.prompts), params, use_tqdm=False):
+    try:
+        outputs = llm.generate(list(args.prompts), params, use_tqdm=False)
+    except BaseException:  # Ctrl-C or SIGTERM: the trace is closed as cut short, never left open
+        llm.shutdown(interrupted=True)
+        raise
+    llm.shutdown()
+    for out in outputs:
         comp = out.outputs[0]
         if out.error:
             print(f"[{out.request_id}] error: {out.error}", file=sys.stderr)
             continue
         print(f"[{out.request_id}] {out.prompt!r} -> {comp.text!r} ({len(comp.token_ids)} tokens, {comp.finish_reason})")
+    if engine_args.trace is not None:
+        print(f"trace: {engine_args.trace}  (tui {engine_args.trace})")
     return 0
 
 

@@ -184,6 +184,11 @@ class EngineCore:
         """One engine step; returns the tokens and finishes it produced."""
         return self.cycle.step()
 
+    def flush_trace(self) -> None:
+        """Write out what the trace holds (the engine is idle)."""
+        if self.trace is not None:
+            self.trace.flush()
+
     def shutdown(self, **final_meta) -> None:
         trace, self.trace, self.cycle.recorder = self.trace, None, None
         if trace is not None:
@@ -211,6 +216,9 @@ class InprocClient:
     def update_trace_meta(self, **fields) -> None:
         if self.engine_core.trace is not None:
             self.engine_core.trace.update_meta(**fields)
+
+    def flush_trace(self) -> None:
+        self.engine_core.flush_trace()
 
     def shutdown(self, **final_meta) -> None:
         self.engine_core.shutdown(**final_meta)

@@ -92,6 +92,10 @@ class LLMEngine:
             self.engine_core.abort_requests([request_id], RequestStatus.FINISHED_STOPPED, stop_string)
         return finished + done
 
+    def idle(self) -> None:
+        """Nothing to step until the next arrival: the trace writes out what it holds meanwhile."""
+        self.engine_core.flush_trace()
+
     def has_unfinished_requests(self) -> bool:
         return bool(self._rejected) or self.output_processor.has_unfinished_requests()
 

@@ -19,6 +19,7 @@ from engine.tracing import SpanBuilder, make_tracer_provider
 
 def main(argv: list[str]) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the engine ends it by closing its input, spans exported
     with suppress(AttributeError, OSError):  # background work: the engine's steps go first for a core
         os.nice(10)
     config = json.loads(argv[0])

@@ -27,6 +27,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
 from engine.core.request import Request
+from traces.outputs import open_new_nofollow
 
 # `gen_ai.provider.name` is required by the GenAI conventions; a self-hosted engine names itself.
 PROVIDER_NAME = "stepscope"
@@ -38,7 +39,7 @@ class OTLPJsonLinesExporter(SpanExporter):
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        self._file = open(path, "a", encoding="utf-8")
+        self._file = open(open_new_nofollow(Path(path), append=True), "a", encoding="utf-8")
         self._lock = threading.Lock()
         self.failed = False
 
@@ -255,6 +256,10 @@ class EngineSpans:
             self._broken = True
             print("engine: warning: the span process ended early; no more spans are written", file=sys.stderr)
 
+    def flush(self) -> None:
+        if self._items:
+            self._send()
+
     def shutdown(self) -> None:
         """Send what is left and wait for the child to export it (bounded: an OTLP endpoint is)."""
         self._send()
@@ -321,6 +326,13 @@ class EngineTrace:
             "kv_cache_usage": stats.kv_cache_usage if stats else 0.0})
         for r in finished:
             self.spans.request(r)
+
+    def flush(self) -> None:
+        """Hand every row and span held so far to be written: the engine is idle, so a kill while it waits
+        for its next arrival loses nothing it has done."""
+        if self.writer is not None:
+            self.writer.drain()
+        self.spans.flush()
 
     def update_meta(self, **fields: Any) -> None:
         if self.writer is not None:

@@ -12,6 +12,7 @@ from engine.core.sampling_params import SamplingParams
 
 # What the default workload is cut to on a CPU, so `engine run` finishes in well under a minute there.
 CPU_SCALE = {"num_requests": 48, "length_factor": 0.125}
+IDLE_POLL_S = 0.05  # the longest an idle engine sleeps between looks at the clock (and trace flushes)
 
 
 @dataclass(slots=True)
@@ -34,6 +35,9 @@ class WorkloadEngine(Protocol):
 
     def refuse_long_prompt(self, request_id: str, num_prompt_tokens: int, arrival_time: float) -> None:
         """End a request whose prompt is longer than max_model_len as an error, its ids never made."""
+
+    def idle(self) -> None:
+        """Nothing to step until the next arrival: write out what the trace holds, so a kill loses none of it."""
 
     def has_unfinished_requests(self) -> bool: ...
 
@@ -66,7 +70,8 @@ def run_workload(engine: WorkloadEngine, workload, time_scale: float = 1.0, max_
             if engine.has_unfinished_requests():
                 bar.update(len(engine.step()))
             elif nxt is not None:
-                time.sleep(max(0.0, min(start + nxt.arrival - time.monotonic(), 0.05)))
+                engine.idle()
+                time.sleep(max(0.0, min(start + nxt.arrival - time.monotonic(), IDLE_POLL_S)))
             else:
                 break
     except KeyboardInterrupt:

@@ -3,9 +3,12 @@ line of our own, and an ending of one line and exit status 2 for a damaged trace
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import threading
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from traces.reader import TraceWarning
@@ -31,11 +34,47 @@ def first_line(e: BaseException) -> str:
     return text or type(e).__name__
 
 
+SIGTERM_STATUS = 128 + signal.SIGTERM
+
+
+class _Sigterm:
+    """SIGTERM (kill, timeout, docker stop, systemd) raised as the KeyboardInterrupt Ctrl-C raises, so a
+    run ends the same way (its trace closed whole), and remembered, so the exit status says which."""
+
+    def __init__(self) -> None:
+        self.received = False
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        self.received = True
+        raise KeyboardInterrupt
+
+    @contextmanager
+    def installed(self) -> Iterator[None]:
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        self.received = False
+        previous = signal.signal(signal.SIGTERM, self)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+
+
+_sigterm = _Sigterm()
+
+
 def run_cli(prog: str, body: Callable[[], int], errors: tuple[type[BaseException], ...] = (ValueError,)) -> int:
     """Every command's edge (`engine`, `sim`, `python -m traces`, `tui`): `errors` (and OS errors) become
     `PROG: error: ...` and exit 2; a reader that went away (`| head`) is one line too, not a BrokenPipeError
     traceback at exit; a Ctrl-C that reaches here (a second one, while a trace is closed) is one line and
-    exit 130."""
+    exit 130; a run ended by SIGTERM exits 143 whichever way it ended."""
+    with _sigterm.installed():
+        rc = _run(prog, body, errors)
+    return SIGTERM_STATUS if _sigterm.received else rc
+
+
+def _run(prog: str, body: Callable[[], int], errors: tuple[type[BaseException], ...]) -> int:
     one_line_warnings()
     try:
         rc = body()

@@ -26,9 +26,9 @@ class LLM:
         self.llm_engine = LLMEngine.from_engine_args(EngineArgs(model=model, **kwargs))
         self._counter = itertools.count()
 
-    def shutdown(self) -> None:
-        """Finish the trace directory, if this LLM writes one."""
-        self.llm_engine.shutdown()
+    def shutdown(self, **final_meta) -> None:
+        """Finish the trace directory, if this LLM writes one (`interrupted=True`: a run cut short)."""
+        self.llm_engine.shutdown(**final_meta)
 
     def reset_prefix_cache(self) -> bool:
         """Forget cached prefixes (refused, False, while requests hold blocks), as vLLM's LLM does."""

@@ -58,6 +58,9 @@ class VllmEngineAdapter:
         self.scheduler.stepscope.on_reject(request_id, [], arrival_time, reason, num_prompt_tokens)
         self._rejected.append(request_id)
 
+    def idle(self) -> None:
+        """Nothing to do: the recorder wrote its rows out when vLLM ran out of requests."""
+
     def has_unfinished_requests(self) -> bool:
         return bool(self._rejected) or self.engine.has_unfinished_requests()
 
