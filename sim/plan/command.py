@@ -81,11 +81,25 @@ def _configs(args: argparse.Namespace) -> tuple[list[PlanConfig], list[str]]:
     return configs, swept
 
 
+def check_plan_outputs(args: argparse.Namespace, configs: list[PlanConfig]) -> None:
+    """Every output refused now, not after the whole sweep, if it would land on one of the plan's inputs."""
+    from traces.outputs import Output, check_outputs, existing_paths
+    from traces.trace_dir import check_trace_output
+
+    inputs = [args.workload, args.residuals,
+              *existing_paths(*sorted({str(c.model) for c in configs} | {str(c.hardware) for c in configs}))]
+    outputs = [Output("--results", args.results)] if args.results else []
+    check_outputs(outputs + ([Output("--plots", args.plots, directory=True)] if args.plots else []), inputs)
+    if args.trace:
+        check_trace_output(args.trace, args.overwrite, inputs)
+
+
 def plan(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from sim.plan.reuse import run_plan
-    from sim.plan.sweep import append_result, load_results, parse_price, validate_config
+    from sim.plan.results import input_digests
+    from sim.plan.sweep import MAX_JOBS, append_result, load_results, parse_price, validate_config
 
     slos = parse_slo(args.slo)
     if not 0 < args.rate_tol < 1:
@@ -93,6 +107,8 @@ def plan(args: argparse.Namespace) -> int:
     for flag, value in (("--max-requests", args.max_requests), ("--jobs", args.jobs), ("--replicas", args.replicas)):
         if value is not None and value < 1:
             raise ValueError(f"{flag}: must be >= 1, got {value}")
+    if args.jobs is not None and args.jobs > MAX_JOBS:
+        raise ValueError(f"--jobs: at most {MAX_JOBS} worker processes, got {args.jobs}")
     if not 0 <= args.min_served_ratio <= 1:
         raise ValueError(f"--min-served-ratio: must be in [0, 1], got {args.min_served_ratio}")
     if args.length_scale is not None and not args.length_scale > 0:
@@ -114,18 +130,16 @@ def plan(args: argparse.Namespace) -> int:
     unpriced = sorted(set(prices) - swept_hardware)
     if unpriced:
         raise ValueError(f"--price {unpriced[0]}: not among the hardware planned ({', '.join(sorted(swept_hardware))})")
-    if args.trace:  # refused now, not after the whole sweep
-        from traces.trace_dir import TraceDirLock
-
-        TraceDirLock(args.trace, args.overwrite).release()
+    check_plan_outputs(args, configs)
     spec = PlanSpec(workload=os.path.abspath(args.workload), slo=args.slo, rate_tol=args.rate_tol,
                     max_requests=args.max_requests, length_scale=args.length_scale, vocab_size=args.vocab_size,
                     seed=args.seed or 0, min_served_ratio=args.min_served_ratio, samples=args.samples,
                     residual_profile=os.path.abspath(args.residuals) if args.residuals else None)
     # The arrivals are all the offered rate needs: no prompt's ids are made for it (max_prompt_tokens 0).
     offered_rate = base_rate(base_requests(spec.workload, spec.max_requests, spec.length_scale, spec.vocab_size, 0))
-    plan_id = spec.fingerprint()
-    done = load_results(args.results, plan_id) if args.results else {}
+    spec.digests = input_digests(spec.workload, spec.residual_profile, configs)
+    plan_ids = {c.key: spec.fingerprint(c) for c in configs}  # results keyed by every input file's content
+    done = load_results(args.results, plan_ids) if args.results else {}
     results = {c.key: done[c.key] for c in configs if c.key in done}
     todo = [c for c in configs if c.key not in results]
     bar = tqdm(total=len(configs), initial=len(results), desc="plan", unit="config", disable=args.no_progress,
@@ -134,7 +148,7 @@ def plan(args: argparse.Namespace) -> int:
     def on_done(config: PlanConfig, result: ConfigResult) -> None:
         results[config.key] = result
         if args.results:
-            append_result(args.results, plan_id, config, result)
+            append_result(args.results, plan_ids[config.key], config, result)
         if not bar.disable:  # each answer as it lands, above the bar (stdout keeps the table alone)
             answer = result.note or f"max rate {'>=' if result.capped else ''}{result.max_rate:.3f} req/s"
             bar.write(f"{config.label(swept)}: {answer}", file=sys.stderr)

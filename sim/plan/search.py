@@ -49,10 +49,14 @@ class PlanSpec:
     min_served_ratio: float = 0.5
     samples: int = 0
     residual_profile: str | None = None
+    digests: dict[str, str] = field(default_factory=dict)  # input files' sha256 by name (sim.plan.results)
 
-    def fingerprint(self) -> str:
-        """Results computed under another spec must not be mixed into this plan's table."""
-        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:16]
+    def fingerprint(self, config: PlanConfig | None = None) -> str:
+        """Results computed under another spec, or another content of its files or `config`'s, must not be mixed
+        into this plan's table; only `config`'s own files count, so adding one to a sweep spares the others."""
+        names = (self.workload, self.residual_profile, *((config.model, config.hardware) if config else ()))
+        data = {**asdict(self), "digests": {str(n): self.digests[n] for n in names if n in self.digests}}
+        return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 
 @lru_cache(maxsize=4)

@@ -10,18 +10,27 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import math
 import re
+import socket
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol
 
 from sim.plan.config import SWEEP_KEYS, PlanConfig, field_type
+from sim.plan.results import MAX_LINE_BYTES, record, torn
 from sim.plan.search import ConfigResult, PlanSpec
 
 # What `--sweep` parses a value into (sim.plan.config.field_type): a PlanConfig field's value.
 SweepValue = int | float | bool | str
+
+# A sweep is one simulation search per configuration: past these it is a typo (1..100000000), and would
+# exhaust memory before the first result.
+MAX_CONFIGS = 10_000
+MAX_JOBS = 1024
+RAY_CONNECT_TIMEOUT_S = 10.0
 
 _BOOLS = {"true": True, "on": True, "1": True, "yes": True, "false": False, "off": False, "0": False, "no": False}
 
@@ -34,6 +43,9 @@ def _value(key: str, text: str) -> list[SweepValue]:
             lo, hi = int(m[1]), int(m[2])
             if lo > hi:
                 raise ValueError(f"--sweep: empty range {text!r} for {key}")
+            if hi - lo + 1 > MAX_CONFIGS:
+                raise ValueError(f"--sweep: {key}={text} is {hi - lo + 1:,} values; a sweep runs at most "
+                                 f"{MAX_CONFIGS:,} configurations")
             return list(range(lo, hi + 1))
         if not text.isdigit():
             raise ValueError(f"--sweep: {key} takes integers or LO..HI, got {text!r}")
@@ -86,8 +98,13 @@ def parse_price(text: str) -> dict[str, float]:
 
 
 def expand_configs(sweep: dict[str, list[SweepValue]], base: PlanConfig) -> list[PlanConfig]:
-    """Every combination of the swept values over `base`, in a fixed order."""
+    """Every combination of the swept values over `base`, in a fixed order; at most MAX_CONFIGS of them,
+    counted before any is made."""
     keys = sorted(sweep)
+    count = math.prod(len(sweep[k]) for k in keys)
+    if count > MAX_CONFIGS:
+        sizes = " x ".join(f"{len(sweep[k])} {k}" for k in keys if len(sweep[k]) > 1)
+        raise ValueError(f"--sweep: {sizes} = {count:,} configurations; a sweep runs at most {MAX_CONFIGS:,}")
     return [dataclasses.replace(base, **dict(zip(keys, combo))) for combo in itertools.product(*(sweep[k] for k in keys))]
 
 
@@ -106,34 +123,55 @@ def validate_config(config: PlanConfig) -> None:
     config.cache_config(num_gpu_blocks=2)
 
 
-def load_results(path: str | Path, plan_id: str) -> dict[str, ConfigResult]:
-    """config key -> result of the configurations this plan already finished; lines of another plan and a
-    torn last line (a sweep killed mid-write) are skipped."""
+def load_results(path: str | Path, plan_id: str | Mapping[str, str]) -> dict[str, ConfigResult]:
+    """config key -> result of the configurations this plan already finished. `plan_id`: the plan's, or each
+    configuration's by key (PlanSpec.fingerprint(config)); lines of another plan are skipped. Read a line
+    at a time, each at most MAX_LINE_BYTES; a line that is not a result (sim.plan.results.record) is a
+    ValueError naming the file and line, but for a torn last line (a sweep killed mid-write): skipped."""
     p = Path(path)
     done: dict[str, ConfigResult] = {}
-    if not p.is_file():
+    if not p.exists():
         return done
-    for line in p.read_text(encoding="utf-8").splitlines():
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if (isinstance(row, dict) and row.get("plan") == plan_id and "key" in row
-                and isinstance(row.get("result"), dict)):
-            done[row["key"]] = ConfigResult.from_json(row["result"])
+    if not p.is_file():
+        raise ValueError(f"--results {path}: not a file")
+    with p.open("rb") as f:
+        for number, raw in enumerate(iter(lambda: f.readline(MAX_LINE_BYTES + 1), b""), 1):
+            if not raw.endswith(b"\n"):
+                if len(raw) > MAX_LINE_BYTES:
+                    raise ValueError(f"--results {path}: line {number}: longer than {MAX_LINE_BYTES >> 20} MiB; "
+                                     "not a results file")
+                if torn(raw):  # the last line: readline stopped at the end of the file
+                    break
+            elif torn(raw[:-1]):
+                raise ValueError(f"--results {path}: line {number}: a result cut short (a sweep killed while writing "
+                                 "it, resumed by an older version); delete the line")
+            try:
+                plan, key, result = record(raw)
+            except ValueError as e:
+                raise ValueError(f"--results {path}: line {number}: {e}") from None
+            if plan == (plan_id if isinstance(plan_id, str) else plan_id.get(key)):
+                done[key] = result
     return done
 
 
 def append_result(path: str | Path, plan_id: str, config: PlanConfig, result: ConfigResult) -> None:
-    """One JSON line per finished configuration, flushed at once (after a newline if a killed sweep left
-    a torn last line)."""
-    line = json.dumps({"plan": plan_id, "key": config.key, "config": config.to_dict(), "result": result.to_json()}) + "\n"
+    """One JSON line per finished configuration, flushed at once. A torn last line that a killed sweep left
+    (load_results skipped it) is cut off first, so the file stays one result per line."""
+    line = (json.dumps({"plan": plan_id, "key": config.key, "config": config.to_dict(), "result": result.to_json()})
+            + "\n").encode()
     with open(path, "a+b") as f:
-        if f.tell():
-            f.seek(-1, 2)
-            if f.read(1) != b"\n":
-                line = "\n" + line
-        f.write(line.encode())
+        end = f.seek(0, 2)
+        if end:
+            start = max(0, end - MAX_LINE_BYTES - 1)
+            f.seek(start)
+            tail = f.read()
+            if not tail.endswith(b"\n"):
+                cut = tail.rfind(b"\n") + 1
+                if (cut or not start) and torn(tail[cut:]):
+                    f.truncate(start + cut)
+                else:
+                    line = b"\n" + line
+        f.write(line)
         f.flush()
 
 
@@ -231,6 +269,8 @@ def open_workers(jobs: int = 1, ray_address: str | None = None, ray_num_cpus: in
         except ImportError:
             raise ValueError("--ray: ray is not installed (pip install ray)") from None
         started = not ray.is_initialized()
+        if started and ray_address not in ("auto", "local"):
+            probe_ray_address(ray_address)
         if started:
             ray.init(address=None if ray_address in ("auto", "local") else ray_address, num_cpus=ray_num_cpus,
                      include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
@@ -251,6 +291,19 @@ def open_workers(jobs: int = 1, ray_address: str | None = None, ray_num_cpus: in
             except BaseException:
                 workers.cancel()
                 raise
+
+
+def probe_ray_address(address: str, timeout: float = RAY_CONNECT_TIMEOUT_S) -> None:
+    """ray.init retries an address where nothing listens for minutes: one TCP connect, bounded in time,
+    says so first (a one-line ValueError)."""
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"--ray {address}: expected HOST:PORT or ray://HOST:PORT, 'auto' or 'local'")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+            pass
+    except OSError as e:
+        raise ValueError(f"--ray {address}: nothing answers there ({e.strerror or e})") from None
 
 
 def _call(fn: Task, spec: PlanSpec, config: PlanConfig) -> ConfigResult:
