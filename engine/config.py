@@ -158,8 +158,10 @@ class EngineArgs:
             sched_kw["async_scheduling"] = device.startswith("cuda")  # vLLM's default: on where the platform allows it
         scheduler_config = SchedulerConfig(**{**sched_kw, "max_model_len": model_config.max_model_len})
         cache_config = CacheConfig(**self._config_kwargs(CacheConfig))
-        if self.num_threads is not None and self.num_threads < 1:
-            raise ValueError(f"num_threads: must be >= 1, got {self.num_threads}")
+        check_kv_cache_fits(model_config, cache_config, device)
+        most = 4 * (os.cpu_count() or 1)  # a few times the cores may be an experiment; more only starts threads
+        if self.num_threads is not None and not 1 <= self.num_threads <= most:
+            raise ValueError(f"num_threads: must be in [1, {most}] (4x this machine's cores), got {self.num_threads}")
         return EngineConfig(model_config=model_config, cache_config=cache_config, scheduler_config=scheduler_config,
                             device_config=DeviceConfig(device=device, num_threads=self.num_threads,
                                                        attention_backend=self.attention_backend,
@@ -213,6 +215,47 @@ class EngineArgs:
                            tokenizer_dir=tok_dir, load_format=load_format, dtype=dtype, seed=self.seed,
                            max_model_len=max_model_len, skip_tokenizer_init=self.skip_tokenizer_init,
                            trust_remote_code=self.trust_remote_code)
+
+
+def device_memory_bytes(device: str) -> tuple[int, str]:
+    """(bytes, whose) of the memory a KV cache on `device` can take at most: the GPU's total, or the
+    machine's physical memory, less where a cgroup limit is lower."""
+    if device.startswith("cuda"):
+        import torch
+
+        return torch.cuda.mem_get_info(torch.device(device))[1], f"memory {device} has"
+    total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+    except OSError:
+        limit = ""
+    if limit.isdigit() and int(limit) < total:
+        return int(limit), "memory this process's cgroup may use"
+    return total, "memory this machine has"
+
+
+def check_kv_cache_fits(model_config: ModelConfig, cache: CacheConfig, device: str) -> None:
+    """A KV cache asked for by size (--kv-cache-memory, the CPU default) or by count (--num-gpu-blocks-override)
+    must fit in the device's memory: refused here in one line, not by a MemoryError or the kernel's OOM
+    killer when the pool is allocated. A CUDA cache sized from free memory needs no check."""
+    import torch
+
+    from engine.model_executor.loader import kv_bytes_per_block, kv_cache_spec
+
+    per_block = kv_bytes_per_block(kv_cache_spec(model_config.hf_config), cache.block_size,
+                                   getattr(torch, model_config.dtype))
+    if cache.num_gpu_blocks_override is not None:
+        field, asked = "num_gpu_blocks_override", cache.num_gpu_blocks_override * per_block
+        what = f"{cache.num_gpu_blocks_override:,} blocks of {per_block:,} bytes ({asked:.3g} bytes)"
+    elif cache.kv_cache_memory is not None or not device.startswith("cuda"):
+        field, asked = "kv_cache_memory", cache.kv_cache_memory or DEFAULT_CPU_KV_CACHE_MEMORY
+        what = f"{asked:,} bytes"
+    else:
+        return
+    total, whose = device_memory_bytes(device)
+    if asked > total:
+        raise ValueError(f"{field}: a KV cache of {what} is more than the {total / 2**30:.1f} GiB of {whose}; "
+                         "ask for less")
 
 
 def _load_hf_config(path: Path, trust_remote_code: bool) -> Any:

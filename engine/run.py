@@ -6,7 +6,14 @@ import tempfile
 from pathlib import Path
 
 from engine.workload_driver import CPU_SCALE, run_workload
+from traces.trace_dir import check_trace_output
 from workloads import DEFAULT_WORKLOAD
+from workloads.workload import check_time_scale
+
+
+def model_inputs(args) -> list[str]:
+    """The files a run reads besides its workload: the model and tokenizer, where they are paths."""
+    return [p for p in (args.model, args.tokenizer) if p is not None and Path(p).exists()]
 
 
 def main_run(args) -> int:
@@ -15,11 +22,12 @@ def main_run(args) -> int:
     from traces.summary import trace_summary
     from workloads import load_workload
 
-    if args.time_scale <= 0:
-        raise ValueError(f"--time-scale: must be > 0, got {args.time_scale}")
+    check_time_scale(args.time_scale)
     if args.max_requests is not None and args.max_requests < 1:
         raise ValueError(f"--max-requests: must be >= 1, got {args.max_requests}")
     workload_path = Path(args.workload) if args.workload else DEFAULT_WORKLOAD
+    if args.trace is not None:  # before the model loads: refused in a second, not after a minute
+        check_trace_output(args.trace, args.overwrite, [workload_path, *model_inputs(args)])
     workload = load_workload(workload_path)
     if getattr(args, "backend", "stepscope") == "vllm":
         from engine.vllm_backend.runner import main_run_vllm

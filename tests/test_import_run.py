@@ -179,14 +179,22 @@ def test_bad_engine_argument_names_meta_json_and_the_argument(tmp_path, capsys):
     assert "meta.json: engine_kwargs.max_num_seqs: must be an int >= 1" in capsys.readouterr().err
 
 
-def test_existing_non_empty_directory_is_refused_without_overwrite(tmp_path, capsys):
+def test_a_directory_of_other_files_takes_the_trace_beside_them_and_keeps_them(tmp_path):
     out = tmp_path / "t"
     out.mkdir()
     (out / "notes.txt").write_text("mine")
-    assert import_run(make_run(tmp_path), out) == 2
+    assert import_run(make_run(tmp_path), out) == 0
+    assert (out / "notes.txt").read_text() == "mine"
+    assert len(traces.load(out).requests) == len(REQUESTS)
+
+
+def test_a_directory_holding_a_trace_is_refused_without_overwrite(tmp_path, capsys):
+    run = make_run(tmp_path)
+    assert import_run(run, tmp_path / "t") == 0
+    capsys.readouterr()
+    assert import_run(run, tmp_path / "t") == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "not empty (pass --overwrite" in err
-    assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
+    assert err.count("\n") == 1 and "pass --overwrite" in err
 
 
 def test_overwrite_replaces_the_trace_in_an_existing_directory(tmp_path):

@@ -16,12 +16,11 @@ from pathlib import Path
 import numpy as np
 
 from workloads.importers import MOONCAKE_BLOCK_TOKENS, read_trace
-from workloads.spec import (EmpiricalLength, FixedLength, GammaArrival, LengthDist, LognormalLength, NormalLength,
-                            OnOffArrival, TraceArrival, UniformLength, WorkloadSpec, ZipfLength)
+from workloads.spec import (MAX_LENGTH, EmpiricalLength, FixedLength, GammaArrival, LengthDist, LognormalLength,
+                            NormalLength, OnOffArrival, TraceArrival, UniformLength, WorkloadSpec, ZipfLength)
 
 CHUNK = 1024
 FIRST_TOKEN_ID = 3  # ids below this are left alone: tokenizers put BOS/EOS/PAD there
-MAX_LENGTH = 1 << 31
 TOKEN_RUN = 1 << 18  # ids drawn per numpy call: amortises the call, bounds memory
 # One independent random stream per purpose: editing one part of a workload leaves the other draws alone.
 _ARRIVAL, _PROMPT, _OUTPUT, _PREFIX, _TOKENS, _GROUP, _BLOCK = range(1, 8)
@@ -61,7 +60,7 @@ def _raw_draw(dist: LengthDist) -> Sampler:
             return lambda rng, n: dist.median * np.exp(dist.sigma * rng.standard_normal(n))
         case ZipfLength():
             support = np.arange(dist.min, dist.max + 1, dtype=np.float64)
-            cdf = np.cumsum(support ** -dist.a)
+            cdf = np.cumsum((support / dist.min) ** -dist.a)  # relative to min: the first weight is 1, never 0
             cdf /= cdf[-1]
             last = len(support) - 1
             return lambda rng, n: support[np.minimum(np.searchsorted(cdf, rng.random(n), side="right"), last)]
@@ -89,7 +88,7 @@ def gap_sampler(arrival) -> Sampler:
 
 
 def _scaled(lengths: np.ndarray, factor: float) -> np.ndarray:
-    return lengths if factor == 1.0 else np.maximum(1, np.rint(lengths * factor)).astype(np.int64)
+    return lengths if factor == 1.0 else np.clip(np.rint(lengths * factor), 1, MAX_LENGTH).astype(np.int64)
 
 
 def _synthetic_chunks(spec: WorkloadSpec) -> Iterator[Chunk]:
@@ -185,7 +184,7 @@ def stream_requests(spec: WorkloadSpec, trace_path: Path | None, vocab_size: int
     is_trace = isinstance(spec.arrival, TraceArrival)
     chunks = _trace_chunks(spec.arrival, trace_path) if is_trace else _synthetic_chunks(spec)
     blocks = BlockTable(seed, max(1, round(MOONCAKE_BLOCK_TOKENS * scale)), vocab_size)
-    prefix_len = max(1, round(prefix.tokens * scale)) if prefix else 0
+    prefix_len = min(max(1, round(prefix.tokens * scale)), MAX_LENGTH) if prefix else 0
     prefix_rng, prefixes = _rng(seed, _PREFIX), {}
     index = 0
     for chunk_no, (arrivals, prompt_len, output_len, hashes, given) in enumerate(chunks):

@@ -1,6 +1,7 @@
 """Workload: a validated workload file, its request stream, and scaled-down copies for small devices."""
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,7 +13,17 @@ from pydantic import ValidationError
 from workloads.errors import WorkloadError, from_validation_error
 from workloads.generate import FIRST_TOKEN_ID, WorkloadRequest, stream_requests
 from workloads.importers import read_trace
-from workloads.spec import TraceArrival, WorkloadSpec
+from workloads.spec import MAX_REQUESTS, TraceArrival, WorkloadSpec
+
+MAX_TIME_SCALE = 1e6  # arrivals stretched past a million-fold leave float64 times past any run's span
+
+
+def check_time_scale(time_scale: float) -> float:
+    """--time-scale as every reader of a workload or trace takes it: a finite factor > 0 (inf or nan
+    would put every arrival at an infinite or undefined time, and a run would wait for it for ever)."""
+    if not (isinstance(time_scale, int | float) and math.isfinite(time_scale) and 0 < time_scale <= MAX_TIME_SCALE):
+        raise ValueError(f"--time-scale: must be a finite number in (0, {MAX_TIME_SCALE:g}], got {time_scale}")
+    return float(time_scale)
 
 
 @dataclass(slots=True)
@@ -52,8 +63,7 @@ class Workload:
             raise ValueError(f"vocab_size must be > {FIRST_TOKEN_ID}, got {vocab_size}")
         if limit is not None and limit < 0:
             raise ValueError(f"limit must be >= 0, got {limit}")
-        if not time_scale > 0:
-            raise ValueError(f"time_scale must be > 0, got {time_scale}")
+        check_time_scale(time_scale)
         return stream_requests(self.spec, self.trace_path, vocab_size, limit, time_scale, max_prompt_tokens)
 
     def scaled(self, num_requests: int | None = None, length_factor: float | None = None,
@@ -101,6 +111,11 @@ def _check(spec: WorkloadSpec, source: str | Path, base_dir: Path) -> Path | Non
                 raise WorkloadError(source, key, "is required (unless arrival.process is trace)")
         if spec.num_requests is None and spec.duration is None:
             raise WorkloadError(source, "num_requests", "give num_requests or duration (seconds)")
+        if spec.num_requests is None and arrival.rate * spec.duration > MAX_REQUESTS:
+            # Only the duration ends such a stream: bound the requests it makes as num_requests is bounded.
+            raise WorkloadError(source, "duration", f"{spec.duration:g} s at arrival.rate {arrival.rate:g}/s is about "
+                                f"{arrival.rate * spec.duration:.3g} requests, more than {MAX_REQUESTS:,}: give "
+                                "num_requests or a shorter duration")
         return None
     for key in ("prompt_tokens", "output_tokens"):
         if getattr(spec, key) is not None:

@@ -119,6 +119,14 @@ def get_model_config(name: str) -> dict[str, Any]:
 DENSE_TYPES = ("llama", "qwen2", "qwen3", "mistral")
 _POSITIVE = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
 _OPTIONAL_POSITIVE = ("num_key_value_heads", "head_dim", "intermediate_size", "max_position_embeddings")
+# The largest each size may be: many times today's largest dense models, yet small enough that weight and KV
+# sizes, and their products with token counts, stay exact int64 and finite float64.
+MAX_SIZES = {
+    "hidden_size": 1 << 20, "num_hidden_layers": 4096, "num_attention_heads": 1 << 14, "num_key_value_heads": 1 << 14,
+    "head_dim": 1 << 14, "intermediate_size": 1 << 22, "vocab_size": 1 << 24,
+    "max_position_embeddings": 1 << 30,  # a position table, not an allocation: room for any context length
+}
+MAX_PARAMS = 1 << 45  # weights of one model: some 35 trillion, far past any dense model built
 
 
 def check_model_config(cfg: dict[str, Any], name: str) -> None:
@@ -136,6 +144,8 @@ def check_model_config(cfg: dict[str, Any], name: str) -> None:
         value = cfg[key]
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"model config {name!r}: {key} must be a positive integer, got {value!r}")
+        if value > MAX_SIZES[key]:
+            raise ValueError(f"model config {name!r}: {key} {value} is more than {MAX_SIZES[key]:,}, past any model")
     h, nh = cfg["hidden_size"], cfg["num_attention_heads"]
     nkv = cfg.get("num_key_value_heads") or nh
     if nh % nkv:
@@ -143,6 +153,20 @@ def check_model_config(cfg: dict[str, Any], name: str) -> None:
                          f"num_key_value_heads {nkv}")
     if not cfg.get("head_dim") and h % nh:
         raise ValueError(f"model config {name!r}: hidden_size {h} does not split into {nh} heads (give head_dim)")
+    params = _weight_count(cfg)
+    if params > MAX_PARAMS:
+        raise ValueError(f"model config {name!r}: num_hidden_layers, hidden_size, intermediate_size and vocab_size "
+                         f"make {params:.3g} weights, more than {MAX_PARAMS:.3g}, past any model")
+
+
+def _weight_count(cfg: dict[str, Any]) -> int:
+    """About how many weights the shape holds (attention, gated MLP, embedding and head), in exact ints."""
+    h, nh = cfg["hidden_size"], cfg["num_attention_heads"]
+    nkv = cfg.get("num_key_value_heads") or nh
+    hd = cfg.get("head_dim") or h // nh
+    inter = cfg.get("intermediate_size") or 4 * h
+    layer = 2 * h * nh * hd + 2 * h * nkv * hd + 3 * h * inter
+    return cfg["num_hidden_layers"] * layer + 2 * cfg["vocab_size"] * h
 
 
 MAX_CONFIG_BYTES = 1 << 20

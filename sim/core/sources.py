@@ -70,6 +70,9 @@ class Source:
 def open_source(path: str | Path, vocab_size: int | None = None, limit: int | None = None,
                 time_scale: float = 1.0, exact_times: bool = False) -> Source:
     """A trace directory or a workload file; `exact_times` adds trace requests at their queued times."""
+    from workloads.workload import check_time_scale
+
+    check_time_scale(time_scale)  # before any request is read: an infinite scale would never end a replay
     p = Path(path)
     if p.is_dir():
         return trace_source(p, limit, time_scale, exact_times)

@@ -174,6 +174,21 @@ def get_hardware(name: str, vllm_version: str | None = None) -> Hardware:
 _FILE_REQUIRED = {"name": str, "bf16_tflops": float, "memory_bandwidth_tbps": float, "memory_gib": float}
 _FILE_OPTIONAL = {"family": str, "interconnect": str, "link_bandwidth_gbps": float, "link_latency_us": float,
                   **{k: float for k in _TUNABLE if k != "link_latency"}}
+_SHARES = ("mfu_eff", "bw_eff", "attn_eff", "mixed_attn_eff", "all_reduce_eff")
+# [low, high] of each figure, in the file's units: wide enough for any accelerator from a small CPU to well past
+# today's largest GPU, narrow enough that sizes and step times stay finite floats and KV block counts ints.
+_FILE_RANGES: dict[str, tuple[float, float]] = {
+    "bf16_tflops": (1e-3, 1e6),  # 1 GFLOP/s to 1 EFLOP/s
+    "memory_bandwidth_tbps": (1e-3, 1e3),  # 1 GB/s to 1 PB/s
+    "memory_gib": (1e-3, 1 << 20),  # 1 MiB to 1 PiB
+    "link_bandwidth_gbps": (1e-3, 1e6),
+    "link_latency_us": (1e-3, 1e6),  # 1 ns to 1 s
+    **{k: (1e-3, 1.0) for k in _SHARES},  # a share of a peak, which a share below 1/1000 makes meaningless
+    "pointwise_eff": (1e-3, 100.0),  # may pass 1 (caches serve part of the traffic), never by 100x
+    "attn_half": (1e-3, float(1 << 24)),  # query tokens: at most any model's context
+    "kernel_floor": (1e-12, 1.0),  # seconds per kernel launch
+    "attn_floor": (1e-12, 1.0),
+}
 
 
 def load_hardware_file(path: Path) -> Hardware:
@@ -198,6 +213,11 @@ def load_hardware_file(path: Path) -> Hardware:
         if kind is float:
             if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v <= 0:
                 raise ValueError(f"--hardware {path}: {key} must be a positive number, got {v!r}")
+            lo, hi = _FILE_RANGES[key]
+            if key in _SHARES and v > 1:
+                raise ValueError(f"--hardware {path}: {key} is a share of the peak, at most 1, got {v}")
+            if not lo <= v <= hi:
+                raise ValueError(f"--hardware {path}: {key} must be in [{lo:g}, {hi:g}], got {v!r}")
             v = float(v)
         elif not isinstance(v, str) or not v:
             raise ValueError(f"--hardware {path}: {key} must be a non-empty string, got {v!r}")
@@ -213,9 +233,6 @@ def load_hardware_file(path: Path) -> Hardware:
     given = {k: values[k] for k in _TUNABLE if k in values}
     if "link_latency_us" in values:
         given["link_latency"] = values["link_latency_us"] * 1e-6
-    for k in ("mfu_eff", "bw_eff", "attn_eff", "mixed_attn_eff", "all_reduce_eff"):
-        if k in given and given[k] > 1:
-            raise ValueError(f"--hardware {path}: {k} is a share of the peak, at most 1, got {given[k]}")
     return replace(hw, **given)
 
 

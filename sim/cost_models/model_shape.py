@@ -141,6 +141,11 @@ def model_shape(model: str | dict[str, Any] | Path, dtype: str = "bfloat16") -> 
     if path.is_file():
         cfg = read_config_json(path)
         name = cfg.get("_name_or_path") or (path.parent.name if path.name == "config.json" else path.stem)
+        text = cfg.get("text_config") or cfg
+        try:  # a bad field names the file it is in, not only the model's name
+            check_model_config(text if isinstance(text, dict) else {}, str(name))
+        except ValueError as e:
+            raise ValueError(f"{path}: {e}") from None
         return ModelShape.from_config(cfg, str(name), dtype)
     valid = ", ".join(sorted(MODEL_CONFIGS))
     raise ValueError(f"unknown model {key!r}; valid: {valid}, a config.json, a directory holding one, "

@@ -19,9 +19,12 @@ from typing import TYPE_CHECKING, Any
 
 from engine.core.bounded_read import read_bounded
 from sim.flags import OneLineParser
+from traces.outputs import Output, check_outputs
+from traces.trace_dir import check_trace_output
 from sim.fidelity.vllm_defaults import run_config
 from workloads.errors import WorkloadError
-from workloads.importers import json_lines, read_trace
+from workloads.importers import MAX_TOKENS, json_lines, read_trace
+from workloads.spec import MAX_REQUESTS
 
 if TYPE_CHECKING:
     import argparse
@@ -34,6 +37,14 @@ MAX_RESULT_BYTES = 1 << 30
 WORKLOAD_FORMAT = "llmservingsim"
 WRITE_BATCH = 512  # request rows per record batch: a batch of prompts stays a few MB
 STAMPS = ("queued_ts", "scheduled_ts", "first_token_ts", "last_token_ts")
+# A clock stamp past this is no clock's: epoch seconds stay below it until the year 2286, a monotonic clock far longer.
+MAX_STAMP = 1e10
+# A request that waits or generates for over three years (1e8 s) was not measured: a corrupt or mistyped number.
+MAX_LATENCY = 1e8
+SHA256 = re.compile(r"[0-9a-fA-F]{64}")
+# vLLM bench's run-level figures copied into meta.json; the counts among them are bounded as request counts.
+BENCH_FIGURES = ("num_prompts", "request_rate", "burstiness", "max_concurrency", "duration")
+BENCH_COUNTS = ("num_prompts", "max_concurrency")
 
 @dataclass(slots=True)
 class RunRequest:
@@ -50,7 +61,9 @@ class RunRequest:
     finish: float | None
     finish_reason: str = "length"
     error: str | None = None
-    where: str = ""  # `file: row N` for a token-count mismatch found in the workload
+    # (file, `row: field`) of its prompt and its output length, for a mismatch found in the workload
+    prompt_at: tuple[str, str] = ("", "")
+    output_at: tuple[str, str] = ("", "")
 
 
 @dataclass(slots=True)
@@ -81,20 +94,25 @@ def _json_file(path: Path, limit: int, what: str) -> Any:
         raise WorkloadError(path, f"line {e.lineno}", f"not valid JSON ({e.msg})") from None
 
 
-def _number(value: Any, path: Path, where: str, name: str) -> float:
-    """A finite number >= 0: a time stamp, a duration or a count."""
+def _number(value: Any, path: Path, where: str, name: str, limit: float) -> float:
+    """A finite number in [0, limit] seconds: a clock stamp (MAX_STAMP) or a latency (MAX_LATENCY)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise WorkloadError(path, where, f"{name} {value!r} is not a number")
     if not math.isfinite(value):
         raise WorkloadError(path, where, f"{name} {value!r} is not a finite number")
     if value < 0:
         raise WorkloadError(path, where, f"{name} {value!r} is negative")
+    if value > limit:
+        raise WorkloadError(path, where, f"{name} {value!r} is more than {limit:g} s, longer than any run")
     return float(value)
 
 
 def _count(value: Any, path: Path, where: str, name: str) -> int:
+    """A token count, at most any model's context: a larger one is a corrupt number, not a request."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise WorkloadError(path, where, f"{name} {value!r} is not a token count (an integer >= 0)")
+    if value > MAX_TOKENS:
+        raise WorkloadError(path, where, f"{name} {value!r} is more than any model's context (at most {MAX_TOKENS})")
     return value
 
 
@@ -122,6 +140,28 @@ def _resolve_workload(run_dir: Path, meta_path: Path, meta: dict[str, Any], give
                         "the workload the run served with --workload")
 
 
+def _declared_requests(meta_path: Path, meta: dict[str, Any]) -> int | None:
+    """meta.json's num_requests, the count requests.jsonl must hold; None where the run left it out."""
+    n = meta.get("num_requests")
+    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_REQUESTS):
+        raise WorkloadError(meta_path, "num_requests", f"{n!r} is not a request count (an integer in "
+                            f"[1, {MAX_REQUESTS:,}])")
+    return n
+
+
+def _check_dataset_hash(meta_path: Path, meta: dict[str, Any], workload: Path, given: bool) -> None:
+    """The workload is the one the run hashed, whenever the run recorded a hash: a workload given with
+    --workload as much as the one its dataset_path names."""
+    digest = meta.get("dataset_hash")
+    if digest is None or digest == "":
+        return
+    if not isinstance(digest, str) or not SHA256.fullmatch(digest):
+        raise WorkloadError(meta_path, "dataset_hash", f"{digest!r} is not a sha256 digest (64 hex digits)")
+    if _sha256(workload) != digest.lower():
+        raise WorkloadError(workload, "--workload" if given else "file", f"sha256 differs from the run's "
+                            f"dataset_hash ({meta_path}): not the workload the run served")
+
+
 def _sha256(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -138,11 +178,9 @@ def read_llmservingsim_run(run_dir: Path, workload: str | None = None,
     if not isinstance(meta, dict):
         raise WorkloadError(meta_path, "(top level)", "expected a JSON object")
     config, entry = run_config(meta_path, meta, hf_config)
+    declared = _declared_requests(meta_path, meta)
     wl = _resolve_workload(run_dir, meta_path, meta, workload)
-    digest = meta.get("dataset_hash")
-    if isinstance(digest, str) and digest and workload is None and _sha256(wl) != digest.lower():
-        raise WorkloadError(wl, "file", f"sha256 differs from the run's dataset_hash ({meta_path}): not the "
-                            "workload the run served")
+    _check_dataset_hash(meta_path, meta, wl, workload is not None)
     size = req_path.stat().st_size if req_path.is_file() else None
     if size is None:
         raise WorkloadError(req_path, "file", "no such file (the run's per-request stamps)")
@@ -161,7 +199,7 @@ def read_llmservingsim_run(run_dir: Path, workload: str | None = None,
         if rid in seen:
             raise WorkloadError(req_path, where, f"request_id {rid!r} repeats line {seen[rid]}")
         seen[rid] = line
-        row["_stamps"] = [_number(row[k], req_path, where, k) for k in STAMPS]
+        row["_stamps"] = [_number(row[k], req_path, where, k, MAX_STAMP) for k in STAMPS]
         for earlier, later in zip(STAMPS, STAMPS[1:]):
             if row[later] < row[earlier]:
                 raise WorkloadError(req_path, where, f"{later} {row[later]!r} is before {earlier} {row[earlier]!r}")
@@ -169,6 +207,12 @@ def read_llmservingsim_run(run_dir: Path, workload: str | None = None,
         raw.append((line, row))
     if not raw:
         raise WorkloadError(req_path, "file", "no requests")
+    if declared is not None and len(raw) < declared:
+        raise WorkloadError(req_path, f"line {raw[-1][0]}: num_requests", f"the file ends after {len(raw)} requests, "
+                            f"but {meta_path} declares {declared} (a run cut short, or a truncated copy?)")
+    if declared is not None and len(raw) > declared:
+        raise WorkloadError(req_path, f"line {raw[declared][0]}: num_requests", f"request {declared + 1}, but "
+                            f"{meta_path} declares {declared}")
     t0 = min(row["_stamps"][0] for _, row in raw)
     requests = []
     for line, row in raw:
@@ -178,7 +222,8 @@ def read_llmservingsim_run(run_dir: Path, workload: str | None = None,
                                                                                     f"line {line}"),
                                    num_prompt_tokens=prompt, num_output_tokens=output, max_tokens=output,
                                    arrival=queued, first_scheduled=scheduled, first_token=first, finish=last,
-                                   where=f"{req_path}: line {line}: input_toks"))
+                                   prompt_at=(str(req_path), f"line {line}: input_toks"),
+                                   output_at=(str(req_path), f"line {line}: output_toks")))
     entry["from"] = str(run_dir)
     entry["kind"] = "LLMServingSim run bundle (vllm/meta.json, vllm/requests.jsonl)"
     entry["clock"] = ("vLLM's monotonic stamps (queued_ts, scheduled_ts, first_token_ts, last_token_ts) minus the "
@@ -226,18 +271,22 @@ def read_bench_result(path: Path, workload: str | None) -> ImportedRun:
     for key, value in lists.items():
         if len(value) != n:
             raise WorkloadError(path, key, f"{len(value)} entries, input_lens has {n}")
-    starts = [_number(s, path, f"start_times[{i}]", "start time") for i, s in enumerate(lists.get("start_times", []))]
+    starts = [_number(s, path, f"start_times[{i}]", "start time", MAX_STAMP)
+              for i, s in enumerate(lists.get("start_times", []))]
     t0 = min(starts) if starts else 0.0
     errors = lists.get("errors") or [None] * n
     requests = []
     for i in range(n):
         prompt = _count(lists["input_lens"][i], path, f"input_lens[{i}]", "input length")
         output = _count(lists["output_lens"][i], path, f"output_lens[{i}]", "output length")
-        ttft = _number(lists["ttfts"][i], path, f"ttfts[{i}]", "ttft")
+        ttft = _number(lists["ttfts"][i], path, f"ttfts[{i}]", "ttft", MAX_LATENCY)
         itl = lists["itls"][i]
         if not isinstance(itl, list):
             raise WorkloadError(path, f"itls[{i}]", "not a list of inter-token latencies")
-        gaps = sum(_number(g, path, f"itls[{i}][{k}]", "inter-token latency") for k, g in enumerate(itl))
+        gaps = sum(_number(g, path, f"itls[{i}][{k}]", "inter-token latency", MAX_LATENCY) for k, g in enumerate(itl))
+        if gaps > MAX_LATENCY:
+            raise WorkloadError(path, f"itls[{i}]", f"inter-token latencies sum to {gaps:g} s, more than "
+                                f"{MAX_LATENCY:g} s, longer than any run")
         error = errors[i] or None
         if error is not None and not isinstance(error, str):
             raise WorkloadError(path, f"errors[{i}]", f"{error!r} is not a string")
@@ -249,7 +298,9 @@ def read_bench_result(path: Path, workload: str | None) -> ImportedRun:
             max_tokens=max(output, 1), arrival=arrival, first_scheduled=None,
             first_token=None if failed else arrival + ttft, finish=None if failed else arrival + ttft + gaps,
             finish_reason="error" if failed else "length",
-            error=(error or "no first token") if failed else None, where=f"{path}: input_lens[{i}]"))
+            error=(error or "no first token") if failed else None, prompt_at=(str(path), f"input_lens[{i}]"),
+            output_at=(str(path), f"output_lens[{i}]")))
+    _check_bench_figures(path, result)
     clock = ("client send times (start_times) minus the earliest" if starts else
              "the result has no start_times: arrivals are the workload's arrival_time_ns")
     entry = {"from": str(path), "kind": "vllm bench serve result (--save-result --save-detailed)",
@@ -269,6 +320,23 @@ def read_bench_result(path: Path, workload: str | None) -> ImportedRun:
     return ImportedRun(requests, meta, wl, arrivals_from_workload=not starts, max_tokens_from_workload=True)
 
 
+def _check_bench_figures(path: Path, result: dict[str, Any]) -> None:
+    """The run-level figures meta.json keeps: numbers finite and >= 0, counts bounded (a string, such as
+    vLLM's "inf" for an unlimited rate, is kept as written)."""
+    for key in BENCH_FIGURES:
+        value = result.get(key)
+        if value is None or isinstance(value, str):
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise WorkloadError(path, key, f"{value!r} is not a number")
+        if not math.isfinite(value):
+            raise WorkloadError(path, key, f"{value!r} is not a finite number")
+        if value < 0:
+            raise WorkloadError(path, key, f"{value!r} is negative")
+        if key in BENCH_COUNTS and (not isinstance(value, int) or value > MAX_REQUESTS):
+            raise WorkloadError(path, key, f"{value!r} is not a request count (an integer in [0, {MAX_REQUESTS:,}])")
+
+
 def _by_row(run: ImportedRun) -> Iterator[tuple[TraceRow, list[RunRequest]]]:
     """(workload TraceRow, the requests it served) in workload order: one pass over the workload, each
     prompt held only while its requests are written."""
@@ -283,19 +351,23 @@ def _by_row(run: ImportedRun) -> Iterator[tuple[TraceRow, list[RunRequest]]]:
             break
     for line, missing in sorted(by_line.items()):
         r = missing[0]
-        raise ValueError(f"{r.where}: {r.request_id}: the workload {run.workload} has no row {line} "
-                         f"(its rows are numbered from 0)")
+        raise WorkloadError(*r.prompt_at, f"{r.request_id}: the workload {run.workload} has no row {line} "
+                            f"(its rows are numbered from 0)")
 
 
 def check_against_workload(run: ImportedRun) -> None:
-    """Each request's workload row exists and holds as many prompt tokens as the run says; arrivals and
-    max_tokens (vLLM bench asks for the workload's output_toks) come from the workload where the run has
-    none. Read before anything is written."""
+    """Each request's workload row exists and holds as many prompt tokens as the run says, and no more
+    output tokens came back than the row asked for (vLLM bench asks for its output_toks as max_tokens);
+    arrivals and max_tokens come from the workload where the run has none. Read before anything is written."""
     for row, served in _by_row(run):
         for r in served:
             if row.prompt_tokens != r.num_prompt_tokens:
-                raise ValueError(f"{r.where}: {r.request_id} has {r.num_prompt_tokens} prompt tokens, but row "
-                                 f"{r.line} of the workload {run.workload} has {row.prompt_tokens} input_tok_ids")
+                raise WorkloadError(*r.prompt_at, f"{r.request_id} has {r.num_prompt_tokens} prompt tokens, but row "
+                                    f"{r.line} of the workload {run.workload} has {row.prompt_tokens} input_tok_ids")
+            if r.num_output_tokens > row.output_tokens:
+                raise WorkloadError(*r.output_at, f"{r.request_id} has {r.num_output_tokens} output tokens, more "
+                                    f"than the {row.output_tokens} row {r.line} of the workload {run.workload} "
+                                    "asked for (output_toks)")
             if run.max_tokens_from_workload:
                 r.max_tokens = row.output_tokens
             if run.arrivals_from_workload:
@@ -312,14 +384,6 @@ def _trace_rows(run: ImportedRun) -> Iterator[dict[str, Any]]:
                    "num_prompt_tokens": r.num_prompt_tokens, "num_output_tokens": r.num_output_tokens,
                    "finish_reason": r.finish_reason, "priority": 0, "max_tokens": r.max_tokens, "error": r.error,
                    "prompt_token_ids": row.prompt_token_ids, "output_token_ids": []}
-
-
-def check_output_dir(out: Path, overwrite: bool) -> None:
-    """A trace directory has one writer and is never replaced unless asked: refuse a non-empty one."""
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"{out}: exists and is not a directory")
-    if out.is_dir() and any(out.iterdir()) and not overwrite:
-        raise ValueError(f"{out}: directory exists and is not empty (pass --overwrite to replace the trace in it)")
 
 
 def write_trace(run: ImportedRun, out: Path, overwrite: bool = False) -> int:
@@ -364,7 +428,7 @@ def _parser() -> OneLineParser:
 
 def import_run(args: argparse.Namespace) -> int:
     out, src = Path(args.output), Path(args.run)
-    check_output_dir(out, args.overwrite)
+    check_trace_output(out, args.overwrite, [src, args.workload, args.model_config], flag="-o")
     hf_config = None
     if args.model_config is not None:
         hf_config = _json_file(Path(args.model_config), MAX_META_BYTES, "model config")
@@ -379,6 +443,7 @@ def import_run(args: argparse.Namespace) -> int:
     else:
         raise ValueError(f"{src}: no such run directory or bench result file")
     check_against_workload(run)
+    check_outputs([Output("-o", out, owns=True)], [run.workload])  # the workload a run bundle names itself
     n = write_trace(run, out, args.overwrite)
     entry = run.meta["import"]
     print(f"imported {n} requests from {src} (workload {run.workload}) into {out}")

@@ -133,6 +133,15 @@ def run_config(meta_path: Path, meta: dict[str, Any], hf_config: dict[str, Any] 
 
 BOOL_FIELDS = ("enable_chunked_prefill", "async_scheduling", "scheduler_reserve_full_isl", "enable_prefix_caching",
                "enable_expert_parallel")
+# Integer engine arguments and the range a real run's can take (engine.core names); past it a number is
+# corrupt, and a replay would size tables by it. Lengths stop at 2^30 tokens, past any model's context.
+INT_BOUNDS: dict[str, tuple[int, int]] = {
+    "max_num_seqs": (1, 1 << 20), "max_num_batched_tokens": (1, 1 << 30), "max_model_len": (1, 1 << 30),
+    "long_prefill_token_threshold": (0, 1 << 30), "block_size": (1, 1 << 16),
+    "num_gpu_blocks_override": (2, 1 << 40), "num_gpu_blocks": (2, 1 << 40),
+    "tensor_parallel_size": (1, 1 << 16), "pipeline_parallel_size": (1, 1 << 16), "data_parallel_size": (1, 1 << 16),
+    "seed": (0, (1 << 64) - 1),  # torch and numpy take 64-bit seeds
+}
 
 
 def check_run_config(meta_path: Path, config: dict[str, dict[str, Any]]) -> None:
@@ -141,6 +150,7 @@ def check_run_config(meta_path: Path, config: dict[str, dict[str, Any]]) -> None
     from engine.core.config import CacheConfig, SchedulerConfig
 
     names = {name: key for key, (_, name) in KWARGS.items()}
+    names["num_gpu_blocks"] = "num_gpu_blocks_override"
     for section in ("scheduler", "cache", "parallel"):
         for name, value in config.get(section, {}).items():
             if name in BOOL_FIELDS and not isinstance(value, bool):
@@ -152,3 +162,10 @@ def check_run_config(meta_path: Path, config: dict[str, dict[str, Any]]) -> None
     except (ValueError, TypeError) as e:
         field, _, what = str(e).partition(": ")
         raise WorkloadError(meta_path, f"engine_kwargs.{names.get(field, field)}", what or str(e)) from None
+    for section in ("scheduler", "cache", "parallel", "model"):
+        for name, value in config.get(section, {}).items():
+            if name in INT_BOUNDS and value is not None:
+                lo, hi = INT_BOUNDS[name]
+                if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+                    raise WorkloadError(meta_path, f"engine_kwargs.{names.get(name, name)}",
+                                        f"{value!r} is not an integer in [{lo}, {hi}]")
