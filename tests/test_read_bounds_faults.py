@@ -7,6 +7,7 @@ import pytest
 import traces
 from sim.cost_models.profile import MAX_PROFILE_BYTES, load_profile
 from traces.reader import MAX_META_BYTES
+from traces.streams import MAX_ROW_BYTES
 
 
 def _sparse(path, size: int) -> None:
@@ -24,3 +25,13 @@ def test_a_cost_profile_past_its_bound_is_one_line(tmp_path):
     _sparse(tmp_path / "p.json", MAX_PROFILE_BYTES + 1)
     with pytest.raises(ValueError, match="too large"):
         load_profile(tmp_path / "p.json")
+
+
+def test_a_stream_whose_last_line_never_ends_is_one_line(tmp_path):
+    from traces.writer import TraceWriter
+
+    writer = TraceWriter(tmp_path / "t", {"source": "sim"})
+    writer.lock.release()  # a run killed mid-write: its streams stay as they are
+    _sparse(tmp_path / "t" / "steps.jsonl", MAX_ROW_BYTES + (1 << 16))
+    with pytest.raises(traces.TraceError, match="not JSON lines"):
+        traces.load(tmp_path / "t")

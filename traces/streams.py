@@ -20,6 +20,9 @@ class StreamError(ValueError):
     """A stream that is not JSON lines beyond its last line; the message names the file and line."""
 
 
+MAX_ROW_BYTES = 64 << 20  # no row of a trace table comes near it: a longer last line is not a row
+
+
 def _complete_bytes(path: Path, size: int) -> tuple[int, bool]:
     """How many leading bytes are whole lines, and whether a partial last line (a run killed mid-write)
     was cut off. Reads only the tail."""
@@ -27,12 +30,15 @@ def _complete_bytes(path: Path, size: int) -> tuple[int, bool]:
         f.seek(size - 1)
         if f.read(1) == b"\n":
             return size, False
-        pos, tail = size, b""
-        while pos > 0 and b"\n" not in tail:
+        pos, chunks = size, []
+        while pos > 0 and not (chunks and b"\n" in chunks[-1]):
+            if size - pos >= MAX_ROW_BYTES:
+                raise StreamError(f"{path}: its last line runs past {MAX_ROW_BYTES >> 20} MiB; not JSON lines")
             step = min(pos, 1 << 16)
             pos -= step
             f.seek(pos)
-            tail = f.read(step) + tail
+            chunks.append(f.read(step))
+    tail = b"".join(reversed(chunks))
     cut = pos + tail.rfind(b"\n") + 1
     try:
         orjson.loads(tail[cut - pos:])
