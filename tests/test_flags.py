@@ -139,7 +139,7 @@ def test_a_bad_value_is_reported_under_the_flag_name(capsys, command, tmp_path):
     assert _run(command, ["--max-num-seqs", "0", "--max-requests", "4", "--trace", str(tmp_path / "t")]
                 if command == "sim replay" else ["--max-num-seqs", "0"]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "--max-num-seqs: must be an int >= 1, got 0" in err
+    assert err.count("\n") == 1 and "--max-num-seqs: must be an int in [1, " in err and "got 0" in err
 
 
 def test_plan_configurations_are_keyword_only_and_frozen():

@@ -220,3 +220,14 @@ def test_num_threads_past_the_machine_s_cores_is_refused():
     with pytest.raises(ValueError) as e:
         EngineArgs(device="cpu", num_threads=10**9).create_engine_config()
     assert one_line(e.value).startswith("num_threads: ")
+
+
+@pytest.mark.parametrize("flag", ["--num-gpu-blocks-override", "--max-num-seqs", "--max-num-batched-tokens",
+                                  "--block-size"])
+def test_sim_replay_scheduler_or_cache_size_past_any_deployment_is_one_line(tmp_path, capsys, flag):
+    workload = tmp_path / "w.yaml"
+    workload.write_text(TINY_WORKLOAD)
+    assert sim_main(["replay", str(workload), "--no-progress", "--trace", str(tmp_path / "t"), flag,
+                     str(10**12)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and flag in err[0] and "Traceback" not in err[0], err

@@ -6,6 +6,11 @@ from dataclasses import asdict, dataclass
 from engine.core.flags import Flag, flags_of, option
 
 POLICIES = ("fcfs", "priority")
+# Past these a value is a typo: a context of 2^30 tokens, 2^20 sequences in a step, 2^26 KV blocks (each
+# a Python object once handed out or shown in a block snapshot) are beyond any deployment simulated here.
+MAX_TOKENS = 1 << 30
+MAX_SEQS = 1 << 20
+MAX_BLOCKS = 1 << 26
 
 
 def _check(cond: bool, field: str, why: str, value: object) -> None:
@@ -43,12 +48,14 @@ class SchedulerConfig:
         if self.max_num_batched_tokens is None:
             # Without chunking a whole prompt must fit in one step.
             self.max_num_batched_tokens = 8192 if self.enable_chunked_prefill else max(self.max_model_len, 8192)
-        _check(isinstance(self.max_model_len, int) and self.max_model_len >= 1, "max_model_len", "must be an int >= 1", self.max_model_len)
-        _check(isinstance(self.max_num_seqs, int) and self.max_num_seqs >= 1, "max_num_seqs", "must be an int >= 1", self.max_num_seqs)
-        _check(isinstance(self.max_num_batched_tokens, int) and self.max_num_batched_tokens >= 1,
-               "max_num_batched_tokens", "must be an int >= 1", self.max_num_batched_tokens)
-        _check(self.long_prefill_token_threshold >= 0, "long_prefill_token_threshold", "must be >= 0",
-               self.long_prefill_token_threshold)
+        _check(isinstance(self.max_model_len, int) and 1 <= self.max_model_len <= MAX_TOKENS, "max_model_len",
+               f"must be an int in [1, {MAX_TOKENS}]", self.max_model_len)
+        _check(isinstance(self.max_num_seqs, int) and 1 <= self.max_num_seqs <= MAX_SEQS, "max_num_seqs",
+               f"must be an int in [1, {MAX_SEQS}]", self.max_num_seqs)
+        _check(isinstance(self.max_num_batched_tokens, int) and 1 <= self.max_num_batched_tokens <= MAX_TOKENS,
+               "max_num_batched_tokens", f"must be an int in [1, {MAX_TOKENS}]", self.max_num_batched_tokens)
+        _check(0 <= self.long_prefill_token_threshold <= MAX_TOKENS, "long_prefill_token_threshold",
+               f"must be in [0, {MAX_TOKENS}]", self.long_prefill_token_threshold)
         _check(self.policy in POLICIES, "policy", f"must be one of {POLICIES}", self.policy)
         if not self.enable_chunked_prefill:
             _check(self.max_num_batched_tokens >= self.max_model_len, "max_num_batched_tokens",
@@ -74,14 +81,15 @@ class CacheConfig:
     kv_cache_memory: int | None = option(None, "KV cache bytes (CPU default 512 MiB)", sim=False)
 
     def __post_init__(self) -> None:
-        _check(isinstance(self.block_size, int) and self.block_size >= 1, "block_size", "must be an int >= 1", self.block_size)
-        _check(self.num_gpu_blocks is None or self.num_gpu_blocks >= 2, "num_gpu_blocks",
-               "must be >= 2 (one is the null block)", self.num_gpu_blocks)
+        _check(isinstance(self.block_size, int) and 1 <= self.block_size <= MAX_TOKENS, "block_size",
+               f"must be an int in [1, {MAX_TOKENS}]", self.block_size)
+        _check(self.num_gpu_blocks is None or 2 <= self.num_gpu_blocks <= MAX_BLOCKS, "num_gpu_blocks",
+               f"must be in [2, {MAX_BLOCKS}] (one is the null block)", self.num_gpu_blocks)
         _check(0.0 <= self.watermark < 1.0, "watermark", "must be in [0, 1)", self.watermark)
         _check(0.0 < self.gpu_memory_utilization <= 1.0, "gpu_memory_utilization", "must be in (0, 1]",
                self.gpu_memory_utilization)
-        _check(self.num_gpu_blocks_override is None or self.num_gpu_blocks_override >= 2,
-               "num_gpu_blocks_override", "must be >= 2", self.num_gpu_blocks_override)
+        _check(self.num_gpu_blocks_override is None or 2 <= self.num_gpu_blocks_override <= MAX_BLOCKS,
+               "num_gpu_blocks_override", f"must be in [2, {MAX_BLOCKS}]", self.num_gpu_blocks_override)
         _check(self.kv_cache_memory is None or self.kv_cache_memory > 0, "kv_cache_memory", "must be > 0 bytes",
                self.kv_cache_memory)
 
