@@ -202,7 +202,7 @@ def test_kv_cache_memory_past_the_machine_s_memory_is_refused_before_allocating(
 
 def test_kv_block_count_past_the_machine_s_memory_is_refused_before_allocating():
     with pytest.raises(ValueError) as e:
-        EngineArgs(device="cpu", num_gpu_blocks_override=10**15).create_engine_config()
+        EngineArgs(device="cpu", num_gpu_blocks_override=1 << 26).create_engine_config()
     text = one_line(e.value)
     assert text.startswith("num_gpu_blocks_override: ") and "more than the" in text
 
