@@ -7,9 +7,10 @@ import pytest
 
 from sim.plan import reuse as reuse_mod
 from sim.cli import main
-from sim.plan.command import ConfigResult, PlanConfig, PlanSpec, evaluate_config, format_table, rank, recommend, run_at_rate, search_max_rate, slo_check
+from sim.plan.command import (ConfigResult, PlanConfig, PlanSpec, evaluate_config, format_table, offered, rank, recommend,
+                              run_at_rate, search_max_rate, slo_check)
 from sim.plan.plots import pareto_front
-from sim.report.summary import parse_slo
+from traces.metrics import parse_slo
 from sim.plan.sweep import parse_price, parse_sweep
 from workloads import DEFAULT_WORKLOAD
 
@@ -32,7 +33,8 @@ def test_rate_search_brackets_the_slo_boundary_within_the_tolerance():
     rate, slos = result.max_rate, parse_slo(SLO)
     assert rate > 0 and not result.capped
     for r, verdict in ((rate, True), (rate * 1.1, False)):
-        assert slo_check(run_at_rate(spec, CONFIG, r), slos, 60, r, spec.min_served_ratio)["meets"] is verdict
+        stream, window = offered(spec, CONFIG.max_model_len, r)
+        assert slo_check(run_at_rate(spec, CONFIG, r), slos, window, stream, r, spec.min_served_ratio)["meets"] is verdict
 
 
 def test_search_max_rate_stops_within_tolerance_of_a_threshold():

@@ -298,7 +298,8 @@ def test_itl_has_one_gap_per_output_token_after_the_first():
 def test_goodput_counts_requests_meeting_every_slo():
     from types import SimpleNamespace
 
-    from sim.report.summary import parse_slo, sim_summary
+    from sim.report.summary import sim_summary
+    from traces.metrics import parse_slo
 
     req = pd.DataFrame({"request_id": ["a", "b", "c"], "arrival": [0.0, 0.0, 0.0], "queued": [0.0] * 3,
                         "first_scheduled": [0.0] * 3, "first_token": [0.5, 3.0, 0.5], "finish": [1.5, 4.0, 10.5],
@@ -313,7 +314,7 @@ def test_goodput_counts_requests_meeting_every_slo():
 
 
 def test_slo_parser_reads_units_and_names_bad_parts():
-    from sim.report.summary import parse_slo
+    from traces.metrics import parse_slo
 
     a, b = parse_slo("ttft_p99=2s, tpot_p90=80ms")
     assert (a.metric, a.percentile, a.threshold_s) == ("ttft", 99.0, 2.0)

@@ -8,35 +8,18 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from traces.metrics import LATENCIES, finished, percentile, prefix_hit_rate, request_latencies
+
 # The columns `summarize` reads (see `trace_summary`).
 SUMMARY_COLUMNS = {
     "requests": ("request_id", "arrival", "first_scheduled", "first_token", "finish", "num_prompt_tokens",
                  "num_output_tokens", "num_cached_tokens", "num_preemptions", "finish_reason", "error"),
-    "steps": ("step", "kv_blocks_used", "kv_blocks_total"),
+    "steps": ("step", "num_prefill_tokens", "kv_blocks_used", "kv_blocks_total", "prefix_hit_tokens"),
 }
 
-# The per-request latencies every summary reports, and the headline figures an interval or an error
-# breakdown is given for: their p50/p90/p99 and the output throughput.
-LATENCIES = ("ttft", "tpot", "e2e")
+# The headline figures an interval or an error breakdown is given for: each latency's p50/p90/p99 and the
+# output throughput.
 HEADLINE_METRICS = tuple(f"{m}_p{q}_s" for m in LATENCIES for q in (50, 90, 99)) + ("output_throughput_tok_s",)
-
-
-def _pct(values: pd.Series | np.ndarray, q: float) -> float:
-    arr = np.asarray(values, dtype=float)
-    arr = arr[~np.isnan(arr)]
-    return float(np.percentile(arr, q)) if arr.size else math.nan
-
-
-def request_latencies(requests: pd.DataFrame) -> pd.DataFrame:
-    """Per finished request: ttft, tpot (mean time per output token after the first), e2e, queue."""
-    done = requests[requests["finish_reason"].isin(["stop", "length"])]
-    out = pd.DataFrame({"request_id": done["request_id"]})
-    out["ttft"] = done["first_token"] - done["arrival"]
-    out["e2e"] = done["finish"] - done["arrival"]
-    out["queue"] = done["first_scheduled"] - done["arrival"]
-    n = done["num_output_tokens"]
-    out["tpot"] = np.where(n > 1, (done["finish"] - done["first_token"]) / (n - 1).clip(lower=1), np.nan)
-    return out.reset_index(drop=True)
 
 
 # Admission errors carry each request's own numbers; these rewrite them to one reason per cause.
@@ -75,12 +58,11 @@ def format_rejections(counts: dict[str, int]) -> list[str]:
 def summarize(requests: pd.DataFrame, steps: pd.DataFrame | None = None,
               percentiles: tuple[int, ...] = (50, 90, 99)) -> dict[str, Any]:
     lat = request_latencies(requests)
-    done = requests[requests["finish_reason"].isin(["stop", "length"])]
+    done = finished(requests)
     start = float(requests["arrival"].min()) if len(requests) else 0.0
     end = float(done["finish"].max()) if len(done) else start
     duration = max(end - start, 1e-9)
     out_tokens = int(done["num_output_tokens"].sum())
-    prompt_tokens = int(done["num_prompt_tokens"].sum())
     s: dict[str, Any] = {
         "requests": int(len(requests)), "finished": int(len(done)),
         "errors": int((requests["finish_reason"] == "error").sum()),
@@ -89,14 +71,14 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame | None = None,
         "output_throughput_tok_s": out_tokens / duration, "request_throughput_req_s": len(done) / duration,
         "rejected": rejections(requests),
         "preemptions": int(requests["num_preemptions"].sum()),
-        "prefix_hit_rate": float(done["num_cached_tokens"].sum()) / prompt_tokens if prompt_tokens else 0.0,
+        "prefix_hit_rate": prefix_hit_rate(requests, steps),
     }
     for name in LATENCIES:
         values = lat[name].to_numpy(dtype=float)
         values = values[~np.isnan(values)]
         s[f"{name}_mean_s"] = float(values.mean()) if values.size else math.nan
         for q in percentiles:
-            s[f"{name}_p{q}_s"] = _pct(values, q)
+            s[f"{name}_p{q}_s"] = percentile(values, q)
     if steps is not None and len(steps):
         s["steps"] = int(len(steps))
         s["kv_usage_mean"] = float((steps["kv_blocks_used"] / steps["kv_blocks_total"]).mean())
@@ -118,7 +100,8 @@ def format_summary(s: dict[str, Any]) -> str:
         f"tpot: p50 {ms('tpot_p50_s')}, p99 {ms('tpot_p99_s')}",
         f"e2e: p50 {ms('e2e_p50_s')}, p99 {ms('e2e_p99_s')}",
         f"preemptions: {s['preemptions']}",
-        f"prefix hit rate: {s['prefix_hit_rate'] * 100:.1f}% of prompt tokens",
+        f"prefix hit rate: {s['prefix_hit_rate'] * 100:.1f}% of the tokens admissions needed (re-admissions "
+        "included)",
     ]
     if "steps" in s:
         lines.append(f"steps: {s['steps']}, KV usage mean {s['kv_usage_mean'] * 100:.1f}%, "

@@ -13,15 +13,16 @@ from typing import TYPE_CHECKING
 from sim.flags import OneLineParser, add_engine_flags, config_error, sim_flags
 from sim.cost_models.hardware import HARDWARE
 from sim.plan.config import DEFAULT_HARDWARE, DEFAULT_MODEL, DEFAULT_ROUTER, PlanConfig
-from sim.plan.search import (ConfigResult, PlanSpec, base_rate, base_requests, evaluate_config, run_at_rate, search_max_rate,
-                             slo_check)
+from sim.plan.search import (ConfigResult, PlanSpec, base_rate, base_requests, evaluate_config, offered, request_lifetime,
+                             run_at_rate, search_max_rate, slo_check, window_at)
+from sim.plan.window import DEFAULT_WINDOW
 from sim.plan.table import format_table, rank, recommend
-from sim.report.summary import parse_slo
+from traces.metrics import parse_slo
 
 if TYPE_CHECKING:
     import argparse
 
-__all__ = ["ConfigResult", "PlanConfig", "PlanSpec", "base_rate", "base_requests", "evaluate_config", "format_table", "main_plan", "rank",
+__all__ = ["ConfigResult", "PlanConfig", "PlanSpec", "base_rate", "base_requests", "evaluate_config", "format_table", "main_plan", "offered", "rank",
            "recommend", "run_at_rate", "search_max_rate", "slo_check"]
 
 
@@ -40,8 +41,11 @@ def _parser() -> OneLineParser:
     p.add_argument("--rate-tol", type=float, default=0.05, help="relative tolerance of the max-rate search")
     p.add_argument("--max-requests", type=int, default=None, help="the workload's first N requests")
     p.add_argument("--length-scale", type=float, default=None, help="multiply prompt and output lengths")
-    p.add_argument("--min-served-ratio", type=float, default=0.5, help="served / offered rate a rate must reach "
-                   "(first arrival to last finish): a short workload must not pass as one burst")
+    p.add_argument("--min-served-ratio", type=float, default=0.95, help="served / offered rate a rate must reach "
+                   "over the measurement window (the deployment keeps up: its queue stops growing)")
+    p.add_argument("--window", type=int, default=DEFAULT_WINDOW, metavar="N",
+                   help="requests measured per rate at least; the window, the warm-up before it and the tail after "
+                   "it each also last two request lifetimes at full load (the workload is looped to fill them)")
     p.add_argument("--vocab-size", type=int, default=32000)
     p.add_argument("--jobs", type=int, default=None, help="local worker processes (default: all cores)")
     p.add_argument("--ray", default=None, metavar="ADDRESS", help="run on a Ray cluster ('auto': a local one)")
@@ -109,6 +113,8 @@ def plan(args: argparse.Namespace) -> int:
             raise ValueError(f"{flag}: must be >= 1, got {value}")
     if args.jobs is not None and args.jobs > MAX_JOBS:
         raise ValueError(f"--jobs: at most {MAX_JOBS} worker processes, got {args.jobs}")
+    if not 10 <= args.window <= 1_000_000:
+        raise ValueError(f"--window: must be in [10, 1000000] requests, got {args.window}")
     if not 0 <= args.min_served_ratio <= 1:
         raise ValueError(f"--min-served-ratio: must be in [0, 1], got {args.min_served_ratio}")
     if args.length_scale is not None and not args.length_scale > 0:
@@ -133,8 +139,10 @@ def plan(args: argparse.Namespace) -> int:
     check_plan_outputs(args, configs)
     spec = PlanSpec(workload=os.path.abspath(args.workload), slo=args.slo, rate_tol=args.rate_tol,
                     max_requests=args.max_requests, length_scale=args.length_scale, vocab_size=args.vocab_size,
-                    seed=args.seed or 0, min_served_ratio=args.min_served_ratio, samples=args.samples,
+                    seed=args.seed or 0, min_served_ratio=args.min_served_ratio, window=args.window,
+                    samples=args.samples,
                     residual_profile=os.path.abspath(args.residuals) if args.residuals else None)
+    spec.lifetime_s = request_lifetime(spec, configs)
     # The arrivals are all the offered rate needs: no prompt's ids are made for it (max_prompt_tokens 0).
     offered_rate = base_rate(base_requests(spec.workload, spec.max_requests, spec.length_scale, spec.vocab_size, 0))
     spec.digests = input_digests(spec.workload, spec.residual_profile, configs)
@@ -170,6 +178,9 @@ def plan(args: argparse.Namespace) -> int:
         if len(todo) < len(configs):
             how.append(f"{len(configs) - len(todo)} from {args.results}")
         listed = f" ({', '.join(how)})" if how else ""
+        print(f"window: at least {spec.window} requests and two request lifetimes ({2 * spec.lifetime_s:.1f} s) of "
+              f"arrivals, after a warm-up and before a tail as long; at #1's max rate: "
+              f"{window_at(spec, rows[0].max_rate or offered_rate).describe()}")
         print(f"{len(configs)} configurations{listed}; SLOs: {', '.join(s.label for s in slos)}")
     if args.plots:
         from sim.plan.plots import write_plan_plots

@@ -1,9 +1,10 @@
-"""Capacity planning's search: for one deployment configuration, the highest request rate whose latencies
-stay within the SLOs.
+"""Capacity planning's search: for one deployment configuration, the highest request rate it sustains
+within the SLOs.
 
-A configuration is a replica count, a router, a model on some hardware, and scheduler/cache flags. Its
-rate limit is searched, not gridded: the workload's arrivals are compressed or stretched (`time_scale`)
-to a rate, the cluster simulated, the SLOs checked; the rate doubles or halves until the SLO verdict
+A configuration is a replica count, a router, a model on some hardware, and scheduler/cache flags. A rate
+is judged on the deployment's steady state (sim.plan.window): the workload's requests, looped as long as
+needed, arrive at that rate; the SLOs are judged over a measurement window after a warm-up, and the rate
+holds only if the deployment keeps up over the window. The rate doubles or halves until the verdict
 flips, then bisects (geometrically) until `max_rate * (1 + tol)` is a rate that was simulated and failed.
 Everything is deterministic, so a configuration's result depends on nothing but its inputs: that is
 what lets a sweep run anywhere (sim.plan.sweep) and resume from a results file.
@@ -20,10 +21,12 @@ from collections.abc import Callable, Iterable
 
 import numpy as np
 
+
 from sim.core.headroom import HeadroomReport
 from sim.cost_models.profile import ResidualTable
 from sim.plan.config import PlanConfig
-from sim.report.summary import SLO, parse_slo
+from sim.plan.window import DEFAULT_WINDOW, Window, offered_requests, served_over_window, window_ids, window_span
+from traces.metrics import FINISHED, SLO, evaluate_slos, finished, latency, parse_slo, request_latencies
 from sim.core.sources import SimRequest
 
 if TYPE_CHECKING:
@@ -46,7 +49,9 @@ class PlanSpec:
     vocab_size: int = 32000
     seed: int = 0
     max_doublings: int = 12
-    min_served_ratio: float = 0.5
+    min_served_ratio: float = 0.95
+    window: int = DEFAULT_WINDOW
+    lifetime_s: float = 0.0  # a request's life at full load on the plan's slowest configuration (request_lifetime)
     samples: int = 0
     residual_profile: str | None = None
     digests: dict[str, str] = field(default_factory=dict)  # input files' sha256 by name (sim.plan.results)
@@ -82,32 +87,49 @@ def base_rate(reqs: tuple[SimRequest, ...]) -> float:
     return (len(reqs) - 1) / (reqs[-1].arrival - reqs[0].arrival)
 
 
-def slo_check(requests: pd.DataFrame, slos: list[SLO], num_requests: int | None = None, rate: float | None = None,
-              min_served_ratio: float = 0.0) -> dict[str, Any]:
-    """Measured value of each SLO and the verdict. Requests that did not finish (rejected, stalled, or
-    never simulated: `num_requests` counts them) are infinitely late; a one-token request has no TPOT.
-    With `rate`, the cluster must also keep up: requests served per second, first arrival to last
-    finish, at least `min_served_ratio` x the offered rate (a short workload at a rate no replica
-    sustains is otherwise one burst that may still drain within the latency targets)."""
-    from traces.summary import request_latencies
+def offered(spec: PlanSpec, max_model_len: int | None, rate: float) -> tuple[tuple[SimRequest, ...], Window]:
+    """The stream `rate` is judged on, at the workload's own rate (run_at_rate scales it), and its window."""
+    base = base_requests(spec.workload, spec.max_requests, spec.length_scale, spec.vocab_size, max_model_len)
+    window = window_at(spec, rate)
+    return offered_requests(base, window, spec.vocab_size), window
 
-    lat = request_latencies(requests)
-    missing = (num_requests or len(requests)) - len(lat)
-    ok = np.ones(len(lat), dtype=bool)
-    out: dict[str, Any] = {"meets": True}
-    for slo in slos:
-        v = lat[slo.metric].to_numpy(dtype=float)
-        ok &= np.where(np.isnan(v), slo.metric == "tpot", v <= slo.threshold_s)
-        v = np.concatenate([v[~np.isnan(v)], np.full(missing, 1e18)])
-        measured = float(np.percentile(v, slo.percentile if slo.percentile is not None else 100)) if len(v) else 0.0
-        out[slo.label] = measured
-        out["meets"] &= measured <= slo.threshold_s
-    total = num_requests or len(requests)
-    if rate is not None:
-        span = float(requests["finish"].max() - requests["arrival"].min()) if len(lat) else math.inf
-        out["served_ratio"] = len(lat) / span / rate if span > 0 else 1.0
-        out["meets"] &= out["served_ratio"] >= min_served_ratio
-    out["attainment"] = float(ok.sum()) / total if total else 0.0
+
+def window_at(spec: PlanSpec, rate: float) -> Window:
+    """The measurement window at `rate`, from the workload's lengths alone (no prompt's ids are made)."""
+    base = base_requests(spec.workload, spec.max_requests, spec.length_scale, spec.vocab_size, 0)
+    return Window.for_rate(len(base), rate, spec.window, spec.lifetime_s)
+
+
+def request_lifetime(spec: PlanSpec, configs: Iterable[PlanConfig]) -> float:
+    """Seconds a mean request of the workload lives (its output tokens at one decode step each) on the
+    slowest configuration with every seat taken: what the measurement window must outlast."""
+    reqs = base_requests(spec.workload, spec.max_requests, spec.length_scale, spec.vocab_size, 0)  # lengths only
+    out = float(np.mean([r.max_tokens or 1 for r in reqs]))
+    context = int(np.mean([r.num_prompt_tokens for r in reqs]) + out / 2)
+    longest = 0.0
+    for config in configs:
+        try:
+            sched, _, cost = build_cluster_parts(config)
+        except ValueError:
+            continue  # evaluate_config says why
+        step = cost.decode_step_times(sched.max_num_seqs, context * sched.max_num_seqs, 1)
+        if step is not None:
+            longest = max(longest, out * step.totals()[0])
+    return longest
+
+
+def slo_check(requests: pd.DataFrame, slos: list[SLO], window: Window, stream: tuple[SimRequest, ...],
+              rate: float, min_served_ratio: float = 0.0) -> dict[str, Any]:
+    """The SLOs over the window's requests (traces.metrics.evaluate_slos: those that did not finish miss
+    them), and whether the deployment kept up over the window: served at least `min_served_ratio` x the
+    offered rate there."""
+    ids = window_ids(stream, window)
+    verdict = evaluate_slos(requests[requests["request_id"].isin(ids)], slos, population=window.requests)
+    # A percentile among the unfinished has no value (None: plots mark it, a results file keeps it as null).
+    out: dict[str, Any] = {r.slo.label: None if math.isinf(r.measured_s) else r.measured_s for r in verdict.results}
+    out.update(served_over_window(requests, window, window_span(stream, window, base_rate(stream[:window.base]) / rate)))
+    out["attainment"] = verdict.attainment
+    out["meets"] = verdict.met and out["served_ratio"] >= min_served_ratio
     return out
 
 
@@ -165,24 +187,16 @@ def build_cluster_parts(config: PlanConfig) -> tuple[SchedulerConfig, CacheConfi
 
 def _median_tpot(done: pd.DataFrame) -> float | None:
     """Median time per output token after the first: its inverse is the decode speed one user sees."""
-    from traces.summary import request_latencies
-
     tpot = request_latencies(done)["tpot"].dropna()
     return float(tpot.median()) if len(tpot) else None
 
 
 def _latency(req: Request, metric: str) -> float:
-    """One finished request's latency (NaN: a TPOT of one token); inf for a request that did not finish."""
-    if req.status.finish_reason not in ("stop", "length"):
+    """One request's latency by traces.metrics' definition; inf for a request that did not finish."""
+    if req.status.finish_reason not in FINISHED:
         return math.inf
-    if metric == "ttft":
-        return req.first_token_time - req.arrival_time
-    if metric == "e2e":
-        return req.finished_time - req.arrival_time
-    if metric == "queue":
-        return req.first_scheduled_time - req.arrival_time
-    n = req.num_output_tokens
-    return (req.finished_time - req.first_token_time) / (n - 1) if n > 1 else math.nan
+    return float(latency(metric, req.arrival_time, req.first_scheduled_time, req.first_token_time,
+                         req.finished_time, req.num_output_tokens))
 
 
 # Latencies a request still in flight is already known to miss once it has waited past the threshold
@@ -198,8 +212,11 @@ class MissWatch:
     is still in flight, once it has waited past a TTFT, queue or e2e threshold: an overloaded cluster's
     verdict is then known while its queue is still growing, long before those requests finish."""
 
-    def __init__(self, slos: list[SLO], num_requests: int) -> None:
+    def __init__(self, slos: list[SLO], num_requests: int, window: frozenset[str] | None = None) -> None:
+        """`window`: only these requests count (`num_requests` of them), and the run stops once they all ended."""
         self.slos = slos
+        self.window = window
+        self.left = num_requests
         self.limits = [num_requests - math.floor((num_requests - 1) * (s.percentile or 100) / 100) for s in slos]
         self.missed: list[set[str]] = [set() for _ in slos]
         open_thresholds = [s.threshold_s for s in slos if s.metric in _STILL_OPEN]
@@ -212,17 +229,22 @@ class MissWatch:
         return len(missed) >= self.limits[i]
 
     def ended(self, req: Request) -> bool:
-        """A request finished or was rejected; True once the verdict is a miss."""
+        """A request finished or was rejected; True once the verdict is a miss, or the window is over."""
+        if self.window is not None and req.request_id not in self.window:
+            return False
         lost = False
         for i, slo in enumerate(self.slos):
             if _latency(req, slo.metric) > slo.threshold_s:
                 lost |= self._miss(i, req.request_id)
-        return lost
+        self.left -= 1
+        return lost or (self.window is not None and self.left == 0)
 
     def in_flight(self, now: float, requests: Iterable[Request]) -> bool:
         """The requests still in flight at `now`; True once the verdict is a miss."""
         lost = False
         for req in requests:
+            if self.window is not None and req.request_id not in self.window:
+                continue
             waited = now - req.arrival_time
             for i, slo in enumerate(self.slos):
                 reached = _STILL_OPEN.get(slo.metric)
@@ -252,8 +274,8 @@ def run_at_rate(spec: PlanSpec, config: PlanConfig, rate: float, trace_dir: str 
     from sim.core.cluster import Cluster
     from sim.core.stepping import fewer_collections
 
-    reqs = base_requests(spec.workload, spec.max_requests, spec.length_scale, spec.vocab_size, config.max_model_len)
-    scale = base_rate(reqs) / rate
+    reqs, window = offered(spec, config.max_model_len, rate)
+    scale = base_rate(reqs[:window.base]) / rate
     sched, cache, cost = build_cluster_parts(config)
     if residual_seed is not None and spec.residual_profile:
         from sim.cost_models.residuals import ResidualScaled
@@ -289,6 +311,8 @@ class ConfigResult:
     capped: bool = False
     max_rate_interval: dict[str, Any] | None = None
     attainment: float = 0.0
+    served_rate: float = 0.0  # requests taken into service per second over the measurement window, at max_rate
+    window_s: float = 0.0  # the window's length at max_rate (simulated seconds)
     mean_output_tokens: float = 0.0
     prefix_hit_rate: float = 0.0
     user_tok_s: float | None = None
@@ -333,7 +357,7 @@ def evaluate_config(spec: PlanSpec, config: PlanConfig, headroom_block_sizes: tu
     from traces.summary import rejections
 
     slos = parse_slo(spec.slo)
-    reqs = base_requests(spec.workload, spec.max_requests, spec.length_scale, spec.vocab_size, config.max_model_len)
+    base = base_requests(spec.workload, spec.max_requests, spec.length_scale, spec.vocab_size, config.max_model_len)
     points: dict[float, dict[str, Any]] = {}
     sizes = sorted({*headroom_block_sizes, config.block_size})
     headroom = HeadroomReport(peak_blocks=dict.fromkeys(sizes, 0))
@@ -347,11 +371,13 @@ def evaluate_config(spec: PlanSpec, config: PlanConfig, headroom_block_sizes: tu
             headroom.merge(headroom_at[rate])
             return points[rate]["meets"]
         room = headroom_at[rate] = HeadroomReport(peak_blocks=dict.fromkeys(sizes, 0))
+        stream, window = offered(spec, config.max_model_len, rate)
+        ids = window_ids(stream, window)
         try:
-            table = run_at_rate(spec, config, rate, watch=MissWatch(slos, len(reqs)), headroom=room)
-            p = slo_check(table, slos, len(reqs), rate, spec.min_served_ratio)
+            table = run_at_rate(spec, config, rate, watch=MissWatch(slos, window.requests, ids), headroom=room)
+            p = slo_check(table, slos, window, stream, rate, spec.min_served_ratio)
             p["rejected"] = rejections(table)
-            done = table[table["finish_reason"].isin(["stop", "length"])]
+            done = finished(table[table["request_id"].isin(ids)])
             p["mean_output_tokens"] = float(done["num_output_tokens"].mean()) if len(done) else 0.0
             p["prefix_hit_rate"] = (float(done["num_cached_tokens"].sum() / done["num_prompt_tokens"].sum())
                                     if len(done) else 0.0)
@@ -366,11 +392,12 @@ def evaluate_config(spec: PlanSpec, config: PlanConfig, headroom_block_sizes: tu
         build_cluster_parts(config)
     except ValueError as e:
         return ConfigResult(max_rate=0.0, note=str(e))
-    rate, capped = search_max_rate(meets, base_rate(reqs), spec.rate_tol, spec.max_doublings)
+    rate, capped = search_max_rate(meets, base_rate(base), spec.rate_tol, spec.max_doublings)
     best = points.get(rate, {})
-    spread = sampled_max_rates(spec, config, rate, slos, len(reqs), headroom) if spec.samples and rate > 0 else None
+    spread = sampled_max_rates(spec, config, rate, slos, headroom) if spec.samples and rate > 0 else None
     return ConfigResult(
         max_rate=rate, capped=capped, max_rate_interval=spread, attainment=best.get("attainment", 0.0),
+        served_rate=best.get("served_rate", 0.0), window_s=best.get("window_s", 0.0),
         mean_output_tokens=best.get("mean_output_tokens", 0.0), prefix_hit_rate=best.get("prefix_hit_rate", 0.0),
         user_tok_s=1.0 / best["tpot_p50"] if best.get("tpot_p50") else None,
         slo_measured={s.label: best.get(s.label) for s in slos},
@@ -380,7 +407,7 @@ def evaluate_config(spec: PlanSpec, config: PlanConfig, headroom_block_sizes: tu
 
 
 def sampled_max_rates(spec: PlanSpec, config: PlanConfig, nominal: float, slos: list[SLO],
-                      num_requests: int, headroom: HeadroomReport | None = None) -> dict[str, Any]:
+                      headroom: HeadroomReport | None = None) -> dict[str, Any]:
     """The max rate again under `spec.samples` seeded draws of the measured step-time scatter, each search
     started at the nominal answer (a few simulations each): median and p5-p95 of the max rate."""
     from sim.core.stepping import SimulationError
@@ -389,12 +416,14 @@ def sampled_max_rates(spec: PlanSpec, config: PlanConfig, nominal: float, slos: 
     rates = []
     for seed in range(spec.samples):
         def meets(rate: float, seed: int = seed) -> bool:
+            stream, window = offered(spec, config.max_model_len, rate)
+            ids = window_ids(stream, window)
             try:
-                table = run_at_rate(spec, config, rate, watch=MissWatch(slos, num_requests), residual_seed=seed,
-                                    headroom=headroom)
+                table = run_at_rate(spec, config, rate, watch=MissWatch(slos, window.requests, ids),
+                                    residual_seed=seed, headroom=headroom)
             except SimulationError:
                 return False
-            return slo_check(table, slos, num_requests, rate, spec.min_served_ratio)["meets"]
+            return slo_check(table, slos, window, stream, rate, spec.min_served_ratio)["meets"]
 
         rates.append(search_max_rate(meets, nominal, spec.rate_tol, spec.max_doublings)[0])
     return {**interval(rates), "samples": rates}

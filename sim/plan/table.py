@@ -30,6 +30,9 @@ class PlanRow:
     note: str | None
     rejected: dict[str, int]
     max_rate_interval: dict[str, Any] | None
+    served_rate: float = 0.0
+    attainment: float = 0.0
+    prefix_hit_rate: float = 0.0
     same_as: int | None = None  # the rank of an earlier row with identical results
 
     def to_json(self) -> dict[str, Any]:
@@ -49,7 +52,8 @@ def rank(results: list[tuple[PlanConfig, ConfigResult]], prices: dict[str, float
         row = PlanRow(config=config, max_rate=rate, capped=res.capped, goodput_req_s=rate * res.attainment,
                       output_tok_s=tok_s, output_tok_s_per_replica=tok_s / config.replicas, user_tok_s=res.user_tok_s,
                       usd_per_hour=None if price is None else price * config.num_gpus, usd_per_m_output_tokens=cost,
-                      note=res.note, rejected=res.rejected, max_rate_interval=res.max_rate_interval)
+                      note=res.note, rejected=res.rejected, max_rate_interval=res.max_rate_interval,
+                      served_rate=res.served_rate, attainment=res.attainment, prefix_hit_rate=res.prefix_hit_rate)
         rows.append(row)
         fingerprints[id(row)] = _fingerprint(res)
     rows.sort(key=lambda r: (r.usd_per_m_output_tokens is None, r.usd_per_m_output_tokens or 0.0,
@@ -76,12 +80,17 @@ def format_table(rows: list[PlanRow], swept: list[str]) -> str:
     labels = [r.config.label(swept) for r in rows]
     priced = any(r.usd_per_m_output_tokens is not None for r in rows)
     width = max([len("configuration"), *map(len, labels)])
-    head = f"{'#':>3}  {'configuration':<{width}}  {'max rate':>9}  {'tok/s/replica':>13}  {'tok/s/user':>10}"
+    hits = any(r.prefix_hit_rate > 0 for r in rows)
+    head = (f"{'#':>3}  {'configuration':<{width}}  {'max rate':>9}  {'served':>8}  {'attain':>6}  "
+            f"{'tok/s/replica':>13}  {'tok/s/user':>10}" + (f"  {'hit':>5}" if hits else ""))
     lines = [head + (f"  {'$/M out tok':>11}" if priced else "")]
     for i, (row, label) in enumerate(zip(rows, labels), 1):
         rate = (">=" if row.capped else "") + f"{row.max_rate:.3f}"
         user = "n/a" if row.user_tok_s is None else f"{row.user_tok_s:.1f}"
-        line = (f"{i:>3}  {label:<{width}}  {rate:>9}  {row.output_tok_s_per_replica:>13.1f}  {user:>10}")
+        line = (f"{i:>3}  {label:<{width}}  {rate:>9}  {row.served_rate:>8.3f}  {row.attainment * 100:>5.1f}%  "
+                f"{row.output_tok_s_per_replica:>13.1f}  {user:>10}")
+        if hits:
+            line += f"  {row.prefix_hit_rate * 100:>4.1f}%"
         if priced:
             cost = row.usd_per_m_output_tokens
             line += f"  {'n/a' if cost is None else f'{cost:.3f}':>11}"
@@ -90,8 +99,11 @@ def format_table(rows: list[PlanRow], swept: list[str]) -> str:
         if row.note:
             line += f"  ({row.note})"
         lines.append(line + _interval(row.max_rate_interval))
-    lines.append("max rate: requests/s within every SLO; tok/s/replica: output tokens/s per replica at that rate; "
-                 "tok/s/user: 1 / median TPOT there")
+    lines.append("max rate: the highest arrival rate (requests/s) the deployment sustains in steady state: over "
+                 "the measurement window it serves what it is offered and every SLO holds for the window's requests")
+    lines.append("served: requests/s taken into service over the window at that rate; attain: share of the window's requests "
+                 "meeting every SLO; tok/s/replica: output tokens/s per replica; tok/s/user: 1 / median TPOT"
+                 + ("; hit: prompt tokens served from the prefix cache" if hits else ""))
     lines.append(RANKING[priced])
     return "\n".join(lines + rejection_lines(rows, labels))
 

@@ -3,7 +3,6 @@ under SLOs and KV usage; latency CDFs and throughput / queue / KV curves as PNGs
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -14,56 +13,14 @@ import pandas as pd
 from sim.report.token_stats import TokenStats, stream_token_stats, token_times
 from traces.outputs import save_png
 from traces.schema import REQUEST_COLUMNS
-from traces.summary import LATENCIES, format_summary, request_latencies, summarize
+from traces.metrics import LATENCIES, SLO, UNFINISHED_POLICY, evaluate_slos, request_latencies
+from traces.summary import format_summary, summarize
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
     from pandas.api.extensions import ExtensionArray
 
     from traces import Trace
-
-SLO_METRICS = (*LATENCIES, "queue")  # an SLO may also bound the time a request waits to be scheduled
-_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6}
-
-
-@dataclass(slots=True)
-class SLO:
-    """`ttft_p99=2s`: a request meets it when its own ttft is <= 2 s; the run meets it when the
-    99th percentile does."""
-
-    metric: str
-    percentile: float | None
-    threshold_s: float
-
-    @property
-    def label(self) -> str:
-        p = f"_p{self.percentile:g}" if self.percentile is not None else ""
-        return f"{self.metric}{p}<={self.threshold_s * 1e3:g}ms"
-
-
-def _pct(values: np.ndarray, q: float) -> float:
-    v = np.asarray(values, dtype=float)
-    v = v[~np.isnan(v)]
-    return float(np.percentile(v, q)) if v.size else math.nan
-
-
-def parse_slo(text: str) -> list[SLO]:
-    """`ttft_p99=2s,tpot_p99=80ms` (units s, ms, us; bare numbers are seconds) -> SLOs; ValueError naming the part."""
-    out = []
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        m = re.fullmatch(r"([a-z]+)(?:_p(\d+(?:\.\d+)?))?=(\d+(?:\.\d*)?|\.\d+)(s|ms|us)?", part)
-        if m is None:
-            raise ValueError(f"--slo: {part!r} is not METRIC[_pNN]=VALUE[s|ms|us] (e.g. ttft_p99=2s)")
-        metric, pct, value, unit = m.groups()
-        if metric not in SLO_METRICS:
-            raise ValueError(f"--slo: unknown metric {metric!r} in {part!r} (expected one of {', '.join(SLO_METRICS)})")
-        if pct is not None and not 0 < float(pct) <= 100:
-            raise ValueError(f"--slo: percentile in {part!r} must be in (0, 100]")
-        out.append(SLO(metric, float(pct) if pct is not None else None, float(value) * _UNITS[unit or "s"]))
-    if not out:
-        raise ValueError("--slo: no SLO given (e.g. ttft_p99=2s,tpot_p99=80ms)")
-    return out
-
 
 def inter_token_latencies(decisions: pd.DataFrame, steps: pd.DataFrame) -> np.ndarray:
     code, times = token_times(decisions, steps)
@@ -74,7 +31,8 @@ def inter_token_latencies(decisions: pd.DataFrame, steps: pd.DataFrame) -> np.nd
 
 # What the summary and the plots read: no token id lists, no block tables, and only these step columns.
 SUMMARY_READ = {
-    "steps": ("step", "start", "end", "num_running", "num_waiting", "kv_blocks_used", "kv_blocks_total"),
+    "steps": ("step", "start", "end", "num_prefill_tokens", "num_running", "num_waiting", "kv_blocks_used",
+              "kv_blocks_total", "prefix_hit_tokens"),
     "requests": tuple(c for c in REQUEST_COLUMNS if not c.endswith("token_ids")),
     "decisions": ("step", "request_id", "event", "phase"),
 }
@@ -201,21 +159,11 @@ def sim_summary(trace: SummaryTrace | TraceTables, slos: list[SLO] | None = None
     total = int(done["num_prompt_tokens"].sum()) + s["output_tokens"]
     s["total_throughput_tok_s"] = total / s["duration_s"]
     if slos:
-        lat = request_latencies(req)
-        ok = np.ones(len(lat), dtype=bool)
-        attainment = []
-        for slo in slos:
-            values = lat[slo.metric].to_numpy(dtype=float)
-            # A request with one output token has no TPOT: it cannot miss a TPOT target.
-            meets = np.where(np.isnan(values), slo.metric == "tpot", values <= slo.threshold_s)
-            ok &= meets
-            measured = _pct(values, slo.percentile) if slo.percentile is not None else math.nan
-            attainment.append({"slo": slo.label, "met_by_requests": float(meets.mean()) if len(meets) else math.nan,
-                               "measured_s": measured,
-                               "met": bool(measured <= slo.threshold_s) if slo.percentile is not None else None})
-        s["goodput_req_s"] = int(ok.sum()) / s["duration_s"]
-        s["slo_attainment"] = float(ok.mean()) if len(ok) else math.nan
-        s["slos"] = attainment
+        verdict = evaluate_slos(req, slos)
+        s["goodput_req_s"] = verdict.goodput_requests / s["duration_s"]
+        s["slo_attainment"] = verdict.attainment
+        s["slos"] = [{"slo": r.slo.label, "met_by_requests": r.met_by_requests, "measured_s": r.measured_s,
+                      "met": r.met} for r in verdict.results]
     return s
 
 
@@ -230,11 +178,13 @@ def format_sim_summary(s: dict[str, Any]) -> str:
              f"total throughput: {s['total_throughput_tok_s']:.1f} tok/s, {s['request_throughput_req_s']:.2f} req/s"]
     if "goodput_req_s" in s:
         lines.append(f"goodput: {s['goodput_req_s']:.2f} req/s "
-                     f"({s['slo_attainment'] * 100:.1f}% of requests meet all SLOs)")
+                     f"({s['slo_attainment'] * 100:.1f}% of requests meet all SLOs; {UNFINISHED_POLICY})")
         for a in s["slos"]:
-            verdict = "" if a["met"] is None else (" met" if a["met"] else " MISSED")
-            measured = "" if a["measured_s"] != a["measured_s"] else f", measured {a['measured_s'] * 1e3:.1f} ms"
-            lines.append(f"  {a['slo']}: {a['met_by_requests'] * 100:.1f}% of requests{measured}{verdict}")
+            measured = ("" if a["measured_s"] != a["measured_s"] else
+                        ", measured: among the unfinished" if math.isinf(a["measured_s"]) else
+                        f", measured {a['measured_s'] * 1e3:.1f} ms")
+            lines.append(f"  {a['slo']}: {a['met_by_requests'] * 100:.1f}% of requests{measured}"
+                         f"{' met' if a['met'] else ' MISSED'}")
     return "\n".join(lines)
 
 
