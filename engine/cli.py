@@ -10,7 +10,7 @@ import sys
 
 from engine.config import EngineArgs
 from engine.core.flags import OneLineParser, flag_error, flags_of
-from traces.console import run_cli
+from traces.console import run_cli, trace_line
 
 
 def _add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -45,17 +45,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from engine import LLM, SamplingParams
+    from engine import SamplingParams
 
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
                             top_k=args.top_k, min_p=args.min_p, seed=args.sampling_seed, stop=args.stop,
                             ignore_eos=args.ignore_eos)
     engine_args = EngineArgs.from_cli_args(args)
-    if engine_args.trace is not None:
+    if engine_args.trace is not None:  # before torch loads: refused at once, not after the model
         from engine.run import model_inputs
         from traces.trace_dir import check_trace_output
 
         check_trace_output(engine_args.trace, engine_args.overwrite, model_inputs(args))
+    from engine import LLM
+
     llm = LLM(**{k: v for k, v in vars(engine_args).items()})
     try:
         outputs = llm.generate(list(args.prompts), params, use_tqdm=False)
@@ -70,7 +72,7 @@ def _generate(args: argparse.Namespace) -> int:
             continue
         print(f"[{out.request_id}] {out.prompt!r} -> {comp.text!r} ({len(comp.token_ids)} tokens, {comp.finish_reason})")
     if engine_args.trace is not None:
-        print(f"trace: {engine_args.trace}  (tui {engine_args.trace})")
+        print(trace_line(engine_args.trace))
     return 0
 
 

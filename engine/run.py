@@ -2,13 +2,13 @@
 print a summary."""
 from __future__ import annotations
 
+import logging
 import tempfile
 from pathlib import Path
 
-from engine.workload_driver import CPU_SCALE, run_workload
+from traces.console import trace_line
 from traces.trace_dir import check_trace_output
 from workloads import DEFAULT_WORKLOAD
-from workloads.workload import check_time_scale
 
 
 def model_inputs(args) -> list[str]:
@@ -16,18 +16,30 @@ def model_inputs(args) -> list[str]:
     return [p for p in (args.model, args.tokenizer) if p is not None and Path(p).exists()]
 
 
+def cpu_default_sizes(engine_args) -> None:
+    """The default run on a CPU: its context cut like its workload, and a KV cache that holds one longest
+    sequence (the least the engine takes), each where no flag sets it."""
+    from engine.workload_driver import CPU_MAX_MODEL_LEN
+
+    if engine_args.max_model_len is None:
+        engine_args.max_model_len = CPU_MAX_MODEL_LEN
+    if engine_args.num_gpu_blocks_override is None and engine_args.kv_cache_memory is None:
+        engine_args.num_gpu_blocks_override = -(-engine_args.max_model_len // engine_args.block_size) + 1  # + null
+
+
 def main_run(args) -> int:
     """Entry for the CLI: build the engine with a trace (a temporary one if --trace is absent)."""
-    from engine.config import EngineArgs
+    workload_path = Path(args.workload) if args.workload else DEFAULT_WORKLOAD
+    if args.trace is not None:  # before anything heavy loads: an existing trace is refused at once
+        check_trace_output(args.trace, args.overwrite, [workload_path, *model_inputs(args)])
+    from engine.config import EngineArgs, resolve_device
+    from engine.workload_driver import CPU_SCALE, run_workload
     from traces.summary import trace_summary
-    from workloads import load_workload
+    from workloads.workload import check_time_scale, load_workload
 
     check_time_scale(args.time_scale)
     if args.max_requests is not None and args.max_requests < 1:
         raise ValueError(f"--max-requests: must be >= 1, got {args.max_requests}")
-    workload_path = Path(args.workload) if args.workload else DEFAULT_WORKLOAD
-    if args.trace is not None:  # before the model loads: refused in a second, not after a minute
-        check_trace_output(args.trace, args.overwrite, [workload_path, *model_inputs(args)])
     workload = load_workload(workload_path)
     if getattr(args, "backend", "stepscope") == "vllm":
         from engine.vllm_backend.runner import main_run_vllm
@@ -40,9 +52,16 @@ def main_run(args) -> int:
     if engine_args.trace is None:
         tmp = tempfile.TemporaryDirectory(prefix="stepscope-run-")
         engine_args.trace = tmp.name
-    config = engine_args.create_engine_config()
-    if args.workload is None and config.device_config.device == "cpu":
+    if args.workload is None and resolve_device(engine_args.device) == "cpu":
         workload = workload.scaled(**CPU_SCALE)
+        cpu_default_sizes(engine_args)
+        logging.getLogger(__name__).info(
+            "default run on a CPU: %s cut to %d requests and %g of the lengths, max_model_len %d, KV cache %s "
+            "(--workload, --max-model-len, --num-gpu-blocks-override or --kv-cache-memory change them)",
+            workload_path.name, CPU_SCALE["num_requests"], CPU_SCALE["length_factor"], engine_args.max_model_len,
+            f"{engine_args.num_gpu_blocks_override} blocks" if engine_args.num_gpu_blocks_override
+            else f"{engine_args.kv_cache_memory} bytes")
+    config = engine_args.create_engine_config()
     engine = LLMEngine(config)
     engine.engine_core.update_trace_meta(workload={**workload.to_dict(), "time_scale": args.time_scale,
                                                    "max_requests": args.max_requests})
@@ -54,7 +73,7 @@ def main_run(args) -> int:
     engine.shutdown(interrupted=result.interrupted)
     print(trace_summary(config.observability_config.trace_dir))
     if tmp is None:
-        print(f"trace: {config.observability_config.trace_dir}")
+        print(trace_line(config.observability_config.trace_dir))
     else:
         tmp.cleanup()
     return 130 if result.interrupted else 0

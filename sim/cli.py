@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sim.cost_models.hardware import hardware_help
-from sim.flags import OneLineParser, add_engine_flags, config_error, recorded_or_flag
+from sim.flags import OneLineParser, add_engine_flags, config_error, recorded_or_flag, sim_flags
 from sim.plan.config import DEFAULT_HARDWARE, DEFAULT_MODEL
+from traces.console import trace_line
 from traces.outputs import Output, check_outputs, existing_paths
 from traces.recorder import TRACE_LEVELS
 from traces.trace_dir import check_trace_output
@@ -44,9 +45,11 @@ def build_parser() -> argparse.ArgumentParser:
                    "roofline for a workload or an imported run)")
     r.add_argument("--profile", default=None, metavar="PROFILE.json", help="for calibrated (or roofline on cpu)")
     r.add_argument("--step-noise", action="store_true",
-                   help="calibrated: one replay with measured residuals drawn in blocks, seeded by --seed")
+                   help="a cost model with measured residuals (PROFILE.json): one replay with them drawn in blocks, "
+                   "seeded by --seed")
     r.add_argument("--samples", type=int, default=None, metavar="N",
-                   help="calibrated: also rerun N seeded replays with sampled residuals; metrics as median [p5-p95]")
+                   help="a cost model with measured residuals (PROFILE.json): the prediction is the interval of N "
+                   "seeded replays, median [p5-p95] per metric, kept in the trace's meta for `sim compare`")
     r.add_argument("--model", default=None, help=f"model preset, config.json or a directory holding one (default: "
                    f"the trace's model, else {DEFAULT_ROOFLINE_MODEL})")
     r.add_argument("--hardware", default=None, help=f"{hardware_help()} (default {DEFAULT_HARDWARE}, or a bundle's "
@@ -123,9 +126,6 @@ def _check_flags(args: argparse.Namespace) -> None:
     check_time_scale(args.time_scale)
     if args.samples is not None and args.samples < 1:
         raise ValueError(f"--samples: must be >= 1, got {args.samples}")
-    if (args.samples or args.step_noise) and (args.cost_model or "") in ("recorded", "roofline", ""):
-        raise ValueError("--samples/--step-noise: need a calibrated cost model (--cost-model PROFILE.json), "
-                         "the only one with a measured residual distribution")
     for flag, value, low in (("--max-requests", args.max_requests, 1), ("--num-gpu-blocks-override", args.num_gpu_blocks_override, 2),
                              ("--vocab-size", args.vocab_size, 4), ("--tensor-parallel-size", args.tensor_parallel_size, 1)):
         if value is not None and value < low:
@@ -138,10 +138,20 @@ def _check_flags(args: argparse.Namespace) -> None:
         check_trace_output(args.trace, args.overwrite, inputs)
 
 
+def _check_spread(args: argparse.Namespace, cost_model: CostModel) -> None:
+    """--samples and --step-noise draw from the cost model's measured scatter: with a model that has none,
+    every seeded replay is the same and its "interval" would be a single point, so they are refused."""
+    if (args.samples or args.step_noise) and not cost_model.has_residuals:
+        flag = "--samples" if args.samples else "--step-noise"
+        raise ValueError(f"{flag}: the {cost_model.name} cost model has no measured step-time scatter, so every "
+                         "seeded replay would be the same; use --cost-model PROFILE.json (from `sim calibrate`)")
+
+
 def _simulate(args: argparse.Namespace, trace_dir: str, residual_seed: int | None = None,
-              progress: bool = False, announce: bool = False, overwrite: bool = False) -> tuple[SimResult, CostModel]:
+              progress: bool = False, announce: bool = False, overwrite: bool = False,
+              prediction: dict[str, Any] | None = None) -> tuple[SimResult, CostModel]:
     """One replay of `args.source` into `trace_dir`: (SimResult, cost model); `announce` prints first
-    what is simulated."""
+    what is simulated; `prediction` (the interval of sampled replays) goes into the trace's meta."""
     from engine.core.config import SchedulerConfig
     from sim.cost_models import get_cost_model
     from sim.cost_models.kernels import KernelSumCostModel
@@ -160,6 +170,8 @@ def _simulate(args: argparse.Namespace, trace_dir: str, residual_seed: int | Non
     if name == "recorded" and source.trace is not None and not len(source.trace.steps):
         raise ValueError(f"{args.source}: the trace has no steps, so --cost-model recorded has no step times "
                          "to replay (use roofline or calibrated)")
+    if name == "recorded":
+        refuse_schedule_changes(args, source)
     model = args.model or source.model.get("hf_config") or DEFAULT_ROOFLINE_MODEL
     bundle = name not in ("recorded", "roofline", "calibrated", "aiconfigurator") and Path(name).is_dir()
     hardware = args.hardware or (None if bundle else DEFAULT_HARDWARE)
@@ -170,6 +182,7 @@ def _simulate(args: argparse.Namespace, trace_dir: str, residual_seed: int | Non
                                 async_scheduling=bool(recorded_async if recorded_async is not None
                                                       else SchedulerConfig().async_scheduling),
                                 vllm_version=_recorded_vllm(source))
+    _check_spread(args, cost_model)
     sched, cache, how = build_configs(args, source, cost_model)
     source.max_prompt_tokens = sched.max_model_len
     if isinstance(cost_model, KernelSumCostModel):
@@ -178,12 +191,31 @@ def _simulate(args: argparse.Namespace, trace_dir: str, residual_seed: int | Non
     meta = {"config": {"model": model_meta, "parallel": {"tensor_parallel_size": tp}}, "workload": source.meta,
             "device": {"type": "sim", "hardware": simulated_hardware},
             "kv_cache": {"num_blocks": cache.num_gpu_blocks, "block_size": cache.block_size, "how": how}}
+    if prediction is not None:
+        meta["prediction"] = prediction
     if announce:
         print(describe_replay(source.path, source.num_requests, meta, {"name": cost_model.name,
                                                                        **cost_model.describe()}, sched, cache))
     sim = Simulator(sched, cache, cost_model, trace_dir, meta, seed=args.seed or 0, vocab_size=args.vocab_size,
                     follow_recorded=exact, trace_level=args.trace_level, overwrite=overwrite)
     return sim.run(source.requests, source.external_finishes, source.num_requests, progress=progress), cost_model
+
+
+def refuse_schedule_changes(args: argparse.Namespace, source: Source) -> None:
+    """Recorded step times price only the recorded schedule: a flag that changes it is one line naming the
+    flag, before anything runs (the step-by-step check in the recorded model catches any other departure)."""
+    recorded = {**source.scheduler, **source.cache}
+    changed = [f"{fl.flag} {getattr(args, fl.dest)}" for fl in sim_flags("replay")
+               if getattr(args, fl.dest) is not None and fl.field != "num_gpu_blocks_override"
+               and getattr(args, fl.dest) != recorded.get(fl.field)]
+    if args.num_gpu_blocks_override is not None and args.num_gpu_blocks_override != recorded.get("num_gpu_blocks"):
+        changed.append(f"--num-gpu-blocks-override {args.num_gpu_blocks_override}")
+    if args.time_scale != 1.0:
+        changed.append(f"--time-scale {args.time_scale:g}")
+    if changed:
+        raise ValueError(f"{changed[0]}: changes the schedule {args.source} recorded, and --cost-model recorded "
+                         "prices only the recorded steps; replay it with a cost model that prices any batch, e.g. "
+                         f"fitted to this trace: sim calibrate {args.source} -o P.json, then --cost-model P.json")
 
 
 def _recorded_vllm(source: Source) -> str | None:
@@ -202,40 +234,49 @@ def _recorded_tp(source: Source) -> int:
 
 
 def replay(args: argparse.Namespace) -> int:
-    from sim.report.summary import format_sim_summary, load_for_summary, parse_slo, sim_summary, write_plots
+    from sim.report.summary import format_sim_summary, load_for_summary, sim_summary, write_plots
+    from traces.metrics import parse_slo
 
     _check_flags(args)
     slos = parse_slo(args.slo) if args.slo is not None else None
     trace_dir = args.trace if args.trace is not None else default_trace_dir(Path(args.source))
     seed = (args.seed or 0) if args.step_noise else None
-    result, cost_model = _simulate(args, trace_dir, seed, progress=not args.no_progress, announce=not args.json,
-                                   overwrite=args.overwrite)
+    samples = prediction = None
+    if args.samples:  # first, so the replay's trace records the interval (and a model without spread fails at once)
+        from sim.fidelity.samples import prediction_meta, sample_replays
+
+        samples = sample_replays(args.samples, lambda s, d: _simulate(args, d, s, announce=s == 0 and not args.json),
+                                 slos)
+        prediction = prediction_meta(samples)
+    result, cost_model = _simulate(args, trace_dir, seed, progress=not args.no_progress,
+                                   announce=not args.json and samples is None, overwrite=args.overwrite,
+                                   prediction=prediction)
     trace = load_for_summary(trace_dir)
     summary = sim_summary(trace, slos)
     warn = cost_model.range_warning()
     if warn:
         print(f"sim replay: warning: {' '.join(warn.split())}", file=sys.stderr)
-    if args.samples:
-        from sim.fidelity.samples import sample_replays
-
-        summary["samples"] = sample_replays(args.samples, lambda s, d: _simulate(args, d, s), slos)
+    if samples is not None:
+        summary["samples"] = samples
     if args.json:
         print(_json({"trace": args.trace, "steps": result.num_steps, "sim_time_s": result.sim_time,
                      "wall_time_s": result.wall_time, **summary}))
     else:
         print(f"cost model: {cost_model.name}; {result.num_steps} steps simulated in {result.wall_time:.2f} s "
               f"({result.num_steps / max(result.wall_time, 1e-9):.0f} steps/s)")
-        print(format_sim_summary(summary))
-        if args.samples:
-            from sim.fidelity.samples import format_samples
+        if samples is not None:
+            from sim.fidelity.samples import format_samples, point_replay_label
 
-            print(format_samples(summary["samples"]))
+            print(point_replay_label(seed))
+        print(format_sim_summary(summary))
+        if samples is not None:
+            print(format_samples(samples))
     if args.plots:
         paths = write_plots(trace, args.plots, slos=slos)
         if not args.json:
             print(f"plots: {', '.join(str(p) for p in paths)}")
     if not args.json:
-        print(f"trace: {trace_dir}  (tui {trace_dir})")
+        print(trace_line(trace_dir))
     return 130 if result.interrupted else 0
 
 

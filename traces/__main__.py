@@ -5,12 +5,13 @@ from __future__ import annotations
 import argparse
 import sys
 
+from engine.core.flags import OneLineParser
 from traces.console import run_cli
 from traces.reader import TraceError
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m traces", description="Work with stepscope trace directories.")
+    p = OneLineParser(prog="python -m traces", description="Work with stepscope trace directories.")
     sub = p.add_subparsers(dest="command", required=True)
     ex = sub.add_parser("export", help="write Chrome/Perfetto trace JSON (open in ui.perfetto.dev)")
     ex.add_argument("trace_dirs", nargs="+", metavar="TRACE_DIR", help="one process per trace, side by side")
@@ -21,7 +22,10 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    try:
+        args = _parser().parse_args(argv)
+    except SystemExit as e:  # a bad flag: one line already on stderr
+        return int(e.code or 0)
 
     def body() -> int:
         if args.command == "export":

@@ -3,6 +3,7 @@ line of our own, and an ending of one line and exit status 2 for a damaged trace
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import sys
 import threading
@@ -11,7 +12,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from traces.reader import TraceWarning
+from traces.errors import TraceWarning
 
 _python_showwarning = warnings.showwarning
 
@@ -32,6 +33,11 @@ def one_line_warnings() -> None:
 def first_line(e: BaseException) -> str:
     text = " ".join(str(e).split())
     return text or type(e).__name__
+
+
+def trace_line(path: Any) -> str:
+    """The last line of every command that wrote a trace: where it is, and the command that opens it."""
+    return f"trace: {path}  (open it: tui {shlex.quote(str(path))})"
 
 
 SIGTERM_STATUS = 128 + signal.SIGTERM

@@ -3,7 +3,6 @@ a `TraceError` of one line naming the file and the problem; a Parquet file that 
 to the JSON lines it was made from when they are still there (a run killed mid-compaction)."""
 from __future__ import annotations
 
-import json
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from functools import cached_property
@@ -15,7 +14,8 @@ import pandas as pd
 from traces.arrowstream import arrow_stream_file, read_arrow_stream
 from traces.errors import TraceError, TraceWarning
 from traces.frames import STEP_ROW_TABLES, arrow_to_frame, clip_rows
-from traces.schema import FORMAT_VERSION, META_FILE, SPANS_FILE, TABLES, parquet_file, stream_file
+from traces.meta import MAX_META_BYTES, read_meta  # noqa: F401  (MAX_META_BYTES: read from here too)
+from traces.schema import SPANS_FILE, TABLES, parquet_file, stream_file
 from traces.streams import StreamError, first_row_keys, read_stream
 
 
@@ -57,39 +57,6 @@ class Trace:
     def __repr__(self) -> str:
         return (f"Trace({str(self.path)!r}, source={self.source}, steps={len(self.steps)}, "
                 f"requests={len(self.requests)}, complete={self.complete})")
-
-
-MAX_META_BYTES = 64 << 20  # a meta.json holds configs and a workload's description, never rows
-
-
-def read_meta(root: Path) -> dict[str, Any]:
-    """meta.json as a dict of this format version, or a one-line TraceError."""
-    meta_path = root / META_FILE
-    if not root.is_dir():
-        raise TraceError(f"{root}: not a directory")
-    if not meta_path.is_file():
-        raise TraceError(f"{root}: not a trace directory (no {META_FILE})")
-    try:
-        with open(meta_path, "rb") as f:
-            data = f.read(MAX_META_BYTES + 1)
-        if len(data) > MAX_META_BYTES:
-            raise TraceError(f"{meta_path}: more than {MAX_META_BYTES:,} bytes, too large for a trace's meta")
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise TraceError(f"{meta_path}: not UTF-8 (byte {e.start})") from None
-    try:
-        meta = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise TraceError(f"{meta_path}: not valid JSON ({e.msg} at line {e.lineno})") from None
-    if not isinstance(meta, dict):
-        raise TraceError(f"{meta_path}: not a JSON object (a JSON {type(meta).__name__})")
-    config = meta.get("config")
-    if config is not None and not isinstance(config, dict):
-        raise TraceError(f"{meta_path}: config must be a JSON object, got a JSON {type(config).__name__}")
-    version = meta.get("format_version")
-    if version != FORMAT_VERSION:
-        raise TraceError(f"{meta_path}: format_version is {version!r}, this stepscope reads {FORMAT_VERSION}")
-    return meta
 
 
 def check_columns(path: Path, names: Iterable[str], required: Sequence[str]) -> None:

@@ -32,7 +32,7 @@ class TraceWriteError(TraceDirError):
 
 def holds_trace(path: Path) -> bool:
     """Whether `path` holds a trace of ours: its meta.json reads as one (bounded, any format check)."""
-    from traces.reader import read_meta
+    from traces.meta import read_meta
 
     try:
         read_meta(path)

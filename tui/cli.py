@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 
+from engine.core.flags import OneLineParser
+
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="tui", description="Step through scheduler decisions in a trace directory; "
-                                "with two, compare them step by step (e.g. an engine run and its sim replay).")
+    p = OneLineParser(prog="tui", description="Step through scheduler decisions in a trace directory; "
+                      "with two, compare them step by step (e.g. an engine run and its sim replay).")
     p.add_argument("trace_dir", nargs="?", help="trace directory (engine or sim)")
     p.add_argument("trace_dir_b", nargs="?", help="second trace directory to compare with the first")
     return p
@@ -15,7 +17,10 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     p = _parser()
-    args = p.parse_args(argv)
+    try:
+        args = p.parse_args(argv)
+    except SystemExit as e:  # a bad flag: one line already on stderr
+        return int(e.code or 0)
     if args.trace_dir is None:
         p.print_help()
         return 0

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 from collections.abc import Iterable
 from dataclasses import MISSING, dataclass, field
 from functools import cache
@@ -88,7 +89,39 @@ def check_choice(value: Any, fl: Flag) -> None:
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """argparse that reports a bad flag in one line (no usage block) and exits 2."""
+    """argparse that reports a bad flag in one line (no usage block) and exits 2, names the subcommand
+    that was given it (`sim replay: error: ...`) with the nearest flag it knows, and takes no
+    abbreviation: a flag that is not spelled out is refused, never silently read as another."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["allow_abbrev"] = False
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message}\n")
+
+    def parse_args(self, args: Any = None, namespace: Any = None) -> argparse.Namespace:  # type: ignore[override]
+        ns, extras = self.parse_known_args(args, namespace)
+        if extras:
+            parser = self._chosen(ns)
+            parser.error(parser.unrecognized(extras))
+        return ns
+
+    def _chosen(self, ns: argparse.Namespace) -> OneLineParser:
+        """The (sub)parser of the subcommand the namespace says was chosen: leftovers are its to report."""
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                chosen = action.choices.get(getattr(ns, action.dest, None) or "")
+                if isinstance(chosen, OneLineParser):
+                    return chosen._chosen(ns)
+        return self
+
+    def unrecognized(self, extras: list[str]) -> str:
+        """`unrecognized argument --max-num-seq (did you mean --max-num-seqs?)`: the first leftover flag,
+        with the closest option string of this parser; leftovers with no flag among them, as they are."""
+        flag = next((x for x in extras if x.startswith("-") and len(x) > 1), None)
+        if flag is None:
+            return f"unrecognized argument{'s' if len(extras) > 1 else ''} {' '.join(extras)}"
+        options = [o for a in self._actions for o in a.option_strings]
+        near = difflib.get_close_matches(flag.split("=", 1)[0], options, n=1)
+        return f"unrecognized argument {flag}" + (f" (did you mean {near[0]}?)" if near else "")

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.vllm_backend import TRACE_DIR_ENV, TRACE_OVERWRITE_ENV
+from traces.console import trace_line
 
 # vLLM's CPU attention takes blocks in multiples of 32 tokens.
 CPU_BLOCK_SIZE = 32
@@ -154,7 +155,7 @@ def main_run_vllm(args: Namespace, workload: Any) -> int:
     sched.close_trace(interrupted=result.interrupted, wall_time=result.wall_time)
     print(trace_summary(trace_dir))
     if tmp is None:
-        print(f"trace: {trace_dir}")
+        print(trace_line(trace_dir))
     else:
         tmp.cleanup()
     if tmp_model is not None:

@@ -71,6 +71,12 @@ class CostModel(Protocol):
         """The model's context length, where the model knows it."""
         ...
 
+    @property
+    def has_residuals(self) -> bool:
+        """Whether seeded replays differ: the model draws step times from a measured scatter. Without it
+        every seed gives the same replay, and `--samples` would report a spread of zero as an interval."""
+        ...
+
     def num_gpu_blocks(self, block_size: int, gpu_memory_utilization: float = 0.9,
                        max_num_batched_tokens: int = 8192) -> int | None:
         """KV cache blocks left after the weights, where the model knows the device's memory."""
@@ -86,6 +92,7 @@ class CostModelDefaults:
 
     intake: Intake | None = None
     max_model_len: int | None = None
+    has_residuals: bool = False
 
     def step_start(self, step: int) -> float | None:
         return None

@@ -95,6 +95,12 @@ class CalibratedCostModel(CostModelDefaults):
         self._outside: dict[str, int] = {}
         self._num_steps = 0
 
+    @property
+    def has_residuals(self) -> bool:
+        """A profile with its measured residual table (`sim calibrate` writes one); a format-1 profile has none."""
+        table = self.profile.residuals
+        return table is not None and len(table.ratios) > 0
+
     @classmethod
     def load(cls, path: str | Path, seed: int | None = None) -> CalibratedCostModel:
         return cls(load_profile(path), str(path), seed)

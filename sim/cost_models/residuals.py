@@ -140,6 +140,8 @@ class ResidualScaled(CostModelDefaults):
     """Any cost model's step times scaled by sampled device ratios of a calibration profile: the scatter
     a real machine showed, laid over a model (e.g. the roofline) that has none of its own."""
 
+    has_residuals = True
+
     def __init__(self, base: CostModel, table: ResidualTable, seed: int) -> None:
         self.base = base
         self.sampler = ResidualSampler(table, seed)

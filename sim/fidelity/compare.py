@@ -5,7 +5,9 @@ uses too), by index and once aligned around steps one trace lacks; the first ste
 explained request by request. Latency and throughput metrics are compared as relative errors, step times as MAPE over
 steps aligned by index and over the steps that made identical decisions (the cost model's own error,
 free of what different batches cost), and device time as B / A on decode steps of the same shape (for
-two engine runs: how much the machine's speed changed between them; sim.fidelity.speed_shift).
+two engine runs: how much the machine's speed changed between them; sim.fidelity.speed_shift). Where B
+is a replay made with `--samples`, its meta holds the predicted interval, and each of A's metrics is
+scored inside it or not (`interval_coverage`).
 """
 from __future__ import annotations
 
@@ -69,6 +71,7 @@ def compare_traces(a: Trace, b: Trace) -> dict[str, Any]:
         "identical_step_time_mape": _mape(ta[paired], tb[pairs[paired]]), "identical_steps_paired": pairing,
         "attribution": attribute(a, b, pairs, pairing),
         "same_shape_speed": _speed(a, b),
+        "interval": interval_coverage(a, b),
     }
 
 
@@ -90,8 +93,43 @@ def _requests_only(a: Trace, b: Trace) -> dict[str, Any]:
         "matched_steps": 0, "decision_match_rate": None, "aligned_matched_steps": None,
         "first_divergent_step": None, "divergence": [], "metrics": _metrics(a, b), "step_time_mape": None,
         "steps_aligned": 0, "identical_step_time_mape": None, "identical_steps_paired": None, "attribution": None,
-        "same_shape_speed": None,
+        "same_shape_speed": None, "interval": interval_coverage(a, b),
     }
+
+
+def interval_coverage(a: Trace, b: Trace) -> dict[str, Any] | None:
+    """Where A's metrics fall against the interval B predicts (a replay with `--samples` keeps it in its
+    meta): per metric inside or not, and how many are; None when B holds no interval."""
+    prediction = b.meta.get("prediction")
+    if not isinstance(prediction, dict) or not isinstance(prediction.get("metrics"), dict):
+        return None
+    measured = summarize(a.requests, a.steps)
+    metrics = {}
+    for name, r in prediction["metrics"].items():
+        value, lo, hi = _clean(measured.get(name)), r.get("p5"), r.get("p95")
+        scored = None not in (value, lo, hi)
+        metrics[name] = {"a": value, "p5": lo, "p50": r.get("p50"), "p95": hi,
+                         "inside": bool(lo <= value <= hi) if scored else None}
+    scored = [m["inside"] for m in metrics.values() if m["inside"] is not None]
+    return {"num_samples": prediction.get("num_samples"), "interval": prediction.get("interval", "p5-p95"),
+            "metrics": metrics, "inside": sum(scored), "scored": len(scored)}
+
+
+def _interval_lines(r: dict[str, Any]) -> list[str]:
+    iv = r.get("interval")
+    if not iv:
+        return []
+    lines = [f"A inside B's prediction ({iv['interval']} over {iv['num_samples']} seeded replays): "
+             f"{iv['inside']} of {iv['scored']} metrics"]
+    for name, m in iv["metrics"].items():
+        label, scale, unit = metric_label(name)
+        if m["inside"] is None:
+            lines.append(f"  {label:<22} n/a")
+            continue
+        verdict = "inside" if m["inside"] else ("below" if m["a"] < m["p5"] else "above")
+        lines.append(f"  {label:<22} {m['a'] * scale:10.2f} {unit} {verdict:<6} "
+                     f"[{m['p5'] * scale:.2f}-{m['p95'] * scale:.2f}]")
+    return lines
 
 
 def _speed(a: Trace, b: Trace) -> dict[str, Any] | None:
@@ -132,7 +170,7 @@ def format_report(r: dict[str, Any]) -> str:
         lines.append(f"warning: the runs were configured differently: {', '.join(r['config_differences'])}")
     if r.get("step_level_skipped"):
         lines.append(f"step-level comparison skipped: {r['step_level_skipped']}")
-        return "\n".join(lines + _metric_lines(r))
+        return "\n".join(lines + _metric_lines(r) + _interval_lines(r))
     lines.append(f"decision match: {r['decision_match_rate'] * 100:.2f}% of steps ({r['matched_steps']} of "
                  f"{max(r['steps_a'], r['steps_b'])})")
     aligned = r.get("aligned_matched_steps")
@@ -146,6 +184,7 @@ def format_report(r: dict[str, Any]) -> str:
         for d in r["divergence"]:
             lines.append(f"  {d['request_id']}: " + "; ".join(d["differences"]))
     lines.extend(_metric_lines(r))
+    lines.extend(_interval_lines(r))
     mape = r["step_time_mape"]
     lines.append(f"step time MAPE: {'n/a' if mape is None else f'{mape * 100:.2f}%'} over {r['steps_aligned']} "
                  "steps aligned by index")

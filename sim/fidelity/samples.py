@@ -2,7 +2,9 @@
 residuals, so every metric comes with the spread that the machine's own step-time scatter implies.
 
 A single deterministic replay says what the expected step times give; how far a real run lands from it
-depends on runs of slow steps (queues build behind them), which only a sampled replay shows.
+depends on runs of slow steps (queues build behind them), which only a sampled replay shows. So the
+interval is the prediction: the replay's trace keeps it in its meta (`prediction`), and `sim compare`
+says which of a measured run's metrics fall inside it.
 """
 from __future__ import annotations
 
@@ -43,10 +45,29 @@ def sample_replays(n: int, run: Callable[[int, str], Any], slos: list[SLO] | Non
     return {"num_samples": n, "metrics": {m: {**interval(v), "values": v} for m, v in per_metric.items()}}
 
 
+def prediction_meta(samples: dict[str, Any]) -> dict[str, Any]:
+    """The interval as a trace's meta keeps it (`prediction`), for `sim compare` to score a measured run
+    against: per metric p5, p50 and p95 (None where no replay had a value)."""
+    def num(x: float) -> float | None:
+        return x if math.isfinite(x) else None
+
+    return {"num_samples": samples["num_samples"], "interval": "p5-p95",
+            "metrics": {m: {"p5": num(r["p5"]), "p50": num(r["median"]), "p95": num(r["p95"])}
+                        for m, r in samples["metrics"].items()}}
+
+
+def point_replay_label(residual_seed: int | None) -> str:
+    """What the single replay printed before the interval is: not the prediction."""
+    if residual_seed is None:
+        return "unperturbed replay (expected step times, no residuals drawn; not the prediction, which follows):"
+    return f"one replay with residuals drawn (seed {residual_seed}; not the prediction, which follows):"
+
+
 def format_samples(samples: dict[str, Any]) -> str:
-    lines = [f"sampled replays: {samples['num_samples']} (measured residuals, seeded); median [p5-p95]"]
+    n = samples["num_samples"]
+    lines = [f"prediction (90% interval over {n} seeded replay{'s' if n > 1 else ''} with measured residuals): "
+             "median [p5-p95]"]
     for m, r in samples["metrics"].items():
-        _, scale, unit = metric_label(m)
-        name = m.removesuffix("_s")
-        lines.append(f"  {name:<22} {r['median'] * scale:10.2f} {unit} [{r['p5'] * scale:.2f}-{r['p95'] * scale:.2f}]")
+        label, scale, unit = metric_label(m)
+        lines.append(f"  {label:<22} {r['median'] * scale:10.2f} {unit} [{r['p5'] * scale:.2f}-{r['p95'] * scale:.2f}]")
     return "\n".join(lines)
