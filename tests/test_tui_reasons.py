@@ -1,6 +1,7 @@
 """The TUI explains waits and preemptions, on a simulator trace whose queue is held back by the token
 budget (step 0), by max_num_seqs (steps 2-16), by a preempting step (17, r2 preempted for r0) and by
-full-sequence admission (steps 18-29: r2 needs 7 blocks, r3-r5 wait behind it)."""
+full-sequence admission (steps 18-29: r2, preempted after 16 output tokens, needs 7 blocks for its 56
+tokens so far; r3-r5 wait behind it)."""
 from __future__ import annotations
 
 import asyncio
@@ -33,9 +34,8 @@ class _FixedCost(CostModelDefaults):
         return {"step": 0.01}
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    path = tmp_path_factory.mktemp("reasons") / "sim"
+def record_waits(path) -> RunIndex:
+    """The simulator trace the module docstring tells."""
     shapes = [(0.0, 40, 30)] * 3 + [(0.02, 24, 12)] * 3  # (arrival, prompt tokens, max tokens)
     reqs = [SimRequest(request_id=f"r{i}", arrival=t, prompt_token_ids=list(range(1000 + 100 * i, 1000 + 100 * i + n)),
                        max_tokens=m, add_time=t) for i, (t, n, m) in enumerate(shapes)]
@@ -43,6 +43,15 @@ def run(tmp_path_factory):
               CacheConfig(block_size=8, num_gpu_blocks=22, enable_prefix_caching=False),
               _FixedCost(), path, {}).run(reqs)
     return RunIndex(open_trace(path))
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    return record_waits(tmp_path_factory.mktemp("reasons") / "sim")
+
+
+FULL_SEQUENCE = ("sequence so far must fit: its 56 tokens (prompt 40 + 16 output) need 7 blocks beyond cached ones, "
+                 "5 free")
 
 
 def waiting_why(run: RunIndex, step: int) -> dict[str, str]:
@@ -72,7 +81,7 @@ def test_the_preempt_row_of_the_step_names_the_request_served_and_the_shortfall(
 
 
 def test_full_sequence_admission_blocks_the_front_and_the_rest_wait_behind_it(run):
-    assert waiting_why(run, 18) == {"r2": "whole sequence must fit: needs 7 blocks, 5 free",
+    assert waiting_why(run, 18) == {"r2": FULL_SEQUENCE,
                                     "r3": "waits behind r2 (queue order)",
                                     "r4": "waits behind r2 (queue order)",
                                     "r5": "waits behind r2 (queue order)"}
@@ -109,5 +118,5 @@ def test_step_tab_shows_the_reasons_in_words(run):
             await pilot.pause()
             table = pilot.app.query_one("#waiting", VTable)
             return [table.cell_texts(i)[3] for i in range(table.count)]
-    assert asyncio.run(go())[:2] == ["whole sequence must fit: needs 7 blocks, 5 free",
+    assert asyncio.run(go())[:2] == [FULL_SEQUENCE,
                                      "waits behind r2 (queue order)"]

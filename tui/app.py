@@ -3,13 +3,15 @@
 comparison with a second run. Only the visible tab is redrawn on a step move."""
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from textual import events
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.widgets import Footer, Static, TabbedContent, TabPane
 
 from tui import views
-from tui.compare import Comparison
+from tui.compare import CLOCK_TOLERANCE_S, Comparison
 from tui.model import RunIndex
 from tui.panes import BlocksPane, ComparePane, GoToStep, RequestPane, RunPane, SelectRequest, StepPane
 from tui.screens import HelpScreen, PromptScreen
@@ -23,7 +25,7 @@ class StepscopeApp(App):
     TITLE = "stepscope"
     CSS = """
     #title { height: 1; background: $boost; }
-    #title, #step-summary, #block-legend, #block-detail, #compare-head, #request-info {
+    #title, #step-summary, #block-legend, #block-detail {
         text-wrap: nowrap; text-overflow: ellipsis; }
     Timeline { height: 5; }
     #tabs { height: 1fr; }
@@ -36,9 +38,9 @@ class StepscopeApp(App):
     #queues > #waiting-box { width: 2fr; }
     .caption { height: 1; text-style: bold; }
     #block-legend, #block-detail { height: 2; }
-    #request-info { height: 3; }
-    #compare-head { height: 1; }
-    #compare-explain { height: 9; border-top: solid $accent; }
+    #request-info { height: auto; max-height: 5; }
+    #compare-head { height: auto; max-height: 3; }
+    #compare-explain { height: 12; border-top: solid $accent; }
     #too-small { display: none; }
     Screen.-short Timeline { display: none; }
     Screen.-narrow #queues { layout: vertical; }
@@ -59,6 +61,8 @@ class StepscopeApp(App):
         Binding("d", "divergence(1)", "Next divergence (compare)", show=False),
         Binding("D", "divergence(-1)", "Previous divergence (compare)", show=False),
         Binding("f", "first_divergence", "First divergence (compare)", show=False),
+        Binding("c", "clocks_parted", "First step where the clocks parted (compare)", show=False),
+        Binding("k", "pools_parted", "First step where the KV pools differed (compare)", show=False),
         Binding("b", "swap_run", "Show the other run in Step/Blocks/Request (compare)", show=False),
         Binding("z", "zoom", "Timeline: whole run / one step per column", show=False),
         Binding("1", "tab('step')", "Step tab", show=False),
@@ -231,12 +235,24 @@ class StepscopeApp(App):
                    f"no divergence {'after' if direction > 0 else 'before'} this step")
 
     def action_first_divergence(self) -> None:
+        self._jump_compare(lambda cmp: cmp.first_divergence, "the two runs never diverge")
+
+    def action_clocks_parted(self) -> None:
+        self._jump_compare(lambda cmp: cmp.clocks_parted, "the two clocks never parted by more than "
+                           f"{CLOCK_TOLERANCE_S * 1e3:g} ms")
+
+    def action_pools_parted(self) -> None:
+        self._jump_compare(lambda cmp: cmp.pools_parted, "the two KV pools never differed")
+
+    def _jump_compare(self, where: Callable[[Comparison], int | None], never: str) -> None:
+        """To a step the comparison found, in the Compare tab."""
         if self.cmp is None:
             self.action_divergence(1)
             return
-        if self.cmp.first_divergence is not None:
+        target = where(self.cmp)
+        if target is not None:
             self.action_tab("compare")
-        self._jump(self.cmp.first_divergence, "the two runs never diverge")
+        self._jump(target, never)
 
     def action_swap_run(self) -> None:
         if len(self.runs) < 2:

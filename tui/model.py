@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from traces.metrics import latency
 from traces import Trace
 from traces.blocks import BlockPoolIndex, PoolState
 from traces.describe import describe_run
@@ -160,6 +161,12 @@ class RunIndex:
             self._rows_of[rid] = rows
         return rows
 
+    def prefix_hits(self, rid: str) -> int:
+        """Tokens `rid` took from the prefix cache over all its admissions (re-admissions included), as the
+        steps table and the run's prefix hit rate count them."""
+        rows = self.request_rows(rid)
+        return int(pd.to_numeric(self.decisions["prefix_hit_tokens"].iloc[rows], errors="coerce").fillna(0).sum())
+
     def scheduled_positions(self, rid: str) -> np.ndarray:
         """Step positions where `rid` was scheduled."""
         rows = self.request_rows(rid)
@@ -225,8 +232,7 @@ class RunIndex:
         arrival, first, ttok, fin = (as_float(info.get(k))
                                      for k in ("arrival", "first_scheduled", "first_token", "finish"))
         n = as_float(info.get("num_output_tokens"))
-        return {"queue": first - arrival, "ttft": ttok - arrival,
-                "tpot": (fin - ttok) / (n - 1) if n > 1 else math.nan, "e2e": fin - arrival}
+        return {m: float(latency(m, arrival, first, ttok, fin, n)) for m in ("queue", "ttft", "tpot", "e2e")}
 
     # ---- block pool ----------------------------------------------------------------------------
     @cached_property

@@ -42,7 +42,7 @@ class StepPane(Vertical):
                 yield VTable(views.RUNNING_COLUMNS, id="running")
             with Vertical(id="waiting-box"):  # wider: each row says why the step did not admit it
                 yield Label("Waiting after the step (front first)", classes="caption")
-                yield VTable(views.WAITING_COLUMNS, id="waiting")
+                yield VTable(views.WAITING_COLUMNS, wrap=True, id="waiting")
 
     def __init__(self, **kw) -> None:
         super().__init__(**kw)
@@ -122,7 +122,7 @@ class RequestPane(Vertical):
 
     def compose(self) -> ComposeResult:
         yield Static(id="request-info")
-        yield VTable(views.LIFECYCLE_COLUMNS, empty="(no request selected)", id="lifecycle")
+        yield VTable(views.LIFECYCLE_COLUMNS, empty="(no request selected)", wrap=True, id="lifecycle")
 
     def __init__(self, **kw) -> None:
         super().__init__(**kw)

@@ -24,6 +24,8 @@ class AdmissionStop:
     request_id: str
     needed: int
     available: int
+    # full_sequence: the (prompt, output) tokens the request had when the step began, which is what must fit
+    sequence: tuple[int, int] | None = None
 
 
 def _plural(n: int, word: str) -> str:
@@ -37,10 +39,34 @@ def stop_text(stop: AdmissionStop) -> str:
         "token_budget": "token budget spent",
         "max_num_seqs": "max_num_seqs reached: no free seat",
         "kv_short": f"KV short: needs {_plural(n, 'block')}, {m} free",
-        "full_sequence": f"whole sequence must fit: needs {_plural(n, 'block')}, {m} free",
+        "full_sequence": _full_sequence_text(stop),
         "no_chunk": f"prompt {n} tokens > {m} left (no chunked prefill)",
         "preempted": "no admissions: the step preempted",
     }.get(stop.reason, f"admissions stopped ({stop.reason})")
+
+
+def _full_sequence_text(stop: AdmissionStop) -> str:
+    """vLLM's full-sequence admission counts the tokens the request has now (prompt plus what it generated
+    before a preemption), not prompt + max_tokens, in blocks its prefix-cache hits do not already hold."""
+    need = f"need {_plural(stop.needed, 'block')} beyond cached ones, {stop.available} free"
+    if stop.sequence is None:
+        return f"sequence so far must fit: its prompt + output so far {need}"
+    prompt, output = stop.sequence
+    return f"sequence so far must fit: its {prompt + output} tokens (prompt {prompt} + {output} output) {need}"
+
+
+def sequence_so_far(run: RunIndex, rid: str, pos: int) -> tuple[int, int] | None:
+    """(prompt, output) tokens `rid` had when step `pos` began. A step that carries a request to the end
+    of its tokens samples one more, so the output so far is one past the furthest any earlier step
+    reached beyond the prompt."""
+    info = run.request(rid)
+    if info is None:
+        return None
+    prompt = as_int(info.get("num_prompt_tokens"))
+    rows = run.decisions.iloc[run.request_rows(rid)]
+    rows = rows[(rows["step"].to_numpy() < run.step_no[pos]) & (rows["event"] == "schedule").to_numpy()]
+    reached = (rows["num_computed_tokens"].fillna(0).to_numpy(np.int64) + rows["num_tokens"].fillna(0).to_numpy(np.int64))
+    return prompt, int(max(reached.max(initial=0) + 1 - prompt, 0))
 
 
 def preempt_text(rid: str, forced_by: str, needed: int, free: int) -> str:
@@ -57,8 +83,13 @@ def admission_stop(run: RunIndex, pos: int) -> AdmissionStop | None:
     reason = steps["admission_blocked"].iat[pos]
     if not isinstance(reason, str):
         return None
-    return AdmissionStop(reason, str(steps["admission_blocked_request"].iat[pos]),
-                         as_int(steps["admission_needed"].iat[pos]), as_int(steps["admission_available"].iat[pos]))
+    return _stop(run, pos, reason, str(steps["admission_blocked_request"].iat[pos]),
+                 as_int(steps["admission_needed"].iat[pos]), as_int(steps["admission_available"].iat[pos]))
+
+
+def _stop(run: RunIndex, pos: int, reason: str, rid: str, needed: int, available: int) -> AdmissionStop:
+    sequence = sequence_so_far(run, rid, pos) if reason == "full_sequence" else None
+    return AdmissionStop(reason, rid, needed, available, sequence)
 
 
 def preemptions(run: RunIndex, pos: int) -> dict[str, str]:
@@ -102,8 +133,10 @@ def waits(run: RunIndex, rid: str) -> list[LifecycleEvent]:
     available = steps["admission_available"].to_numpy(dtype=object)
     texts = []
     for pos in np.flatnonzero(waiting).tolist():
-        stop = (AdmissionStop(reason[pos], str(blocked[pos]), as_int(needed[pos]), as_int(available[pos]))
-                if isinstance(reason[pos], str) else None)
+        stop = None
+        if isinstance(reason[pos], str):  # only its own stop is told in its numbers
+            stop = (_stop(run, pos, reason[pos], rid, as_int(needed[pos]), as_int(available[pos]))
+                    if blocked[pos] == rid else AdmissionStop(reason[pos], str(blocked[pos]), 0, 0))
         texts.append((pos, wait_text(stop, {}, rid)))
     out: list[LifecycleEvent] = []
     k = 0

@@ -28,8 +28,9 @@ SCHEDULED_COLUMNS = [Column("request", 12), Column("phase", 8), Column("tokens",
 RUNNING_COLUMNS = [Column("#", 4, True), Column("request", 12), Column("prompt", 6, True),
                    Column("since", 7, True)]
 WAITING_COLUMNS = [Column("#", 4, True), Column("request", 12), Column("queued at s", 11, True),
-                   Column("why not admitted", 50)]
-LIFECYCLE_COLUMNS = [Column("time s", 9, True), Column("step", 7, True), Column("event", 11), Column("detail", 60)]
+                   Column("why not admitted", 50, flex=True)]
+LIFECYCLE_COLUMNS = [Column("time s", 9, True), Column("step", 7, True), Column("event", 11),
+                     Column("detail", 60, flex=True)]
 COMPARE_COLUMNS = [Column("", 1), Column("step", 7, True), Column("A tok", 6, True), Column("B tok", 6, True),
                    Column("A run/wait", 10, True), Column("B run/wait", 10, True), Column("A KV", 6, True),
                    Column("B KV", 6, True), Column("A ms", 8, True), Column("B ms", 8, True)]
@@ -152,10 +153,9 @@ def request_info(run: RunIndex, rid: str | None) -> Text:
         return t.append("No request selected: pick one in a table (or press s).", "dim")
     lat = run.latencies(rid)
     t.append(f"{rid}", "bold magenta")
-    count = {k: as_int(info.get(k)) for k in ("num_prompt_tokens", "num_output_tokens",
-                                                         "num_cached_tokens", "num_preemptions")}
+    count = {k: as_int(info.get(k)) for k in ("num_prompt_tokens", "num_output_tokens", "num_preemptions")}
     t.append(f"  prompt {count['num_prompt_tokens']} · output {count['num_output_tokens']} (max "
-             f"{info.get('max_tokens')}) · prefix-cached {count['num_cached_tokens']} · preemptions "
+             f"{info.get('max_tokens')}) · from the prefix cache {run.prefix_hits(rid)} (all admissions) · preemptions "
              f"{count['num_preemptions']} · priority {info.get('priority')} · "
              f"finish {info.get('finish_reason') or 'not finished'}\n")
     t.append(f"arrival {as_float(info['arrival']):.4f} s · queue {ms(lat['queue'])} · TTFT {ms(lat['ttft'])} · "
@@ -212,7 +212,7 @@ def compare_row(cmp: Comparison, i: int) -> list[Cell]:
 
 
 def compare_head(cmp: Comparison) -> Text:
-    t = Text(no_wrap=True, overflow="ellipsis")
+    t = Text()
     t.append(f"A {cmp.a.source} {cmp.a.trace.path.name} ({cmp.a.n} steps) vs "
              f"B {cmp.b.source} {cmp.b.trace.path.name} ({cmp.b.n}) · ")
     first = cmp.first_divergence
@@ -220,6 +220,9 @@ def compare_head(cmp: Comparison) -> Text:
         t.append("no divergence: every step decided the same", "green")
     else:
         t.append(f"{len(cmp.divergent)} divergent steps, first: {first} (f first, d/D next/prev)", "bold red")
+    for key, what, pos in (("c", "clocks parted at", cmp.clocks_parted), ("k", "KV pools differ after", cmp.pools_parted)):
+        if pos is not None:
+            t.append(f" · {what} step {int(cmp.a.step_no[pos])} ({key})", "bold")
     differences = config_differences(cmp.a.meta, cmp.b.meta)
     if differences:
         t.append(f" · configured differently: {', '.join(differences)}", "bold yellow")

@@ -12,6 +12,10 @@ made them, once the traces are aligned: a step one trace lacks does not unpair e
 so that  MB - M0 = (M1 - M0) step-time error + (M2 - M1) host/gap error + (MB - M2) decision divergence,
 exactly. The last term is what a different sequence of decisions (other batches, other admission
 order) did, including any error of B's times on the steps that are not identical.
+
+M2 stands for "A's decisions on B's times". When every step made the same decisions, that run is B
+itself, so the decision term is zero by definition, and what M2 misses of B (arrivals carried onto the
+re-timed clock, `warp`, are not where B had them) is the re-timing's own error: it joins M0 - MA there.
 """
 from __future__ import annotations
 
@@ -137,13 +141,16 @@ def attribute(a: Trace, b: Trace, pairs: np.ndarray, pairing: str = "aligned") -
     p2 = {**p1, "host": swap["host"], "gap": swap["gap"]}
     m0, m1, m2 = (metrics_with_ends(a, *retime(p)) for p in (pa, p1, p2))
     mb, ma = summarize(b.requests), summarize(a.requests)
+    identical = n == nb and bool(paired.all())
     out = {}
     for name in HEADLINE_METRICS:
-        v = [m.get(name, np.nan) for m in (ma, m0, m1, m2, mb)]
-        out[name] = {"a": v[0], "b": v[4], "total": v[4] - v[0], "step_time": v[2] - v[1],
-                     "host_gap": v[3] - v[2], "divergence": v[4] - v[3], "retiming": v[1] - v[0]}
-    return {"identical_steps": int(paired.sum()), "steps_a": n, "pairing": pairing, "predicted_from": None if pred is None else
-            "B's calibrated cost model", "metrics": out}
+        va, v0, v1, v2, vb = (m.get(name, np.nan) for m in (ma, m0, m1, m2, mb))
+        missed = vb - v2  # B less A's decisions on B's times: decisions, unless the decisions are B's
+        out[name] = {"a": va, "b": vb, "total": vb - va, "step_time": v1 - v0, "host_gap": v2 - v1,
+                     "divergence": 0.0 if identical else missed,
+                     "retiming": v0 - va + (missed if identical else 0.0)}
+    return {"identical_steps": int(paired.sum()), "steps_a": n, "identical_decisions": identical,
+            "pairing": pairing, "predicted_from": None if pred is None else "B's calibrated cost model", "metrics": out}
 
 
 def format_attribution(r: dict[str, Any]) -> list[str]:
@@ -151,6 +158,9 @@ def format_attribution(r: dict[str, Any]) -> list[str]:
     pairing = r.get("pairing", "by index")
     lines = [f"error breakdown (B - A; B's times on {r['identical_steps']} of {r['steps_a']} identical steps, "
              f"paired {pairing}, {other} on the others): step time | host+gap | decisions | re-timing"]
+    if r.get("identical_decisions"):
+        lines.append("  (every decision identical: no decision term; what re-timing A on B's times misses of B "
+                     "counts as re-timing)")
     for name, m in r["metrics"].items():
         if not np.isfinite(m["a"]) or m["a"] == 0:
             continue
