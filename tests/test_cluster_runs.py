@@ -13,7 +13,7 @@ from sim.core.cluster import Cluster
 from sim.core.cluster_runs import ReplicaRuns
 from sim.cost_models.roofline import RooflineCostModel
 from sim.core.simulator import Simulator
-from sim.plan.search import MissWatch
+from sim.plan.watch import MissWatch
 from traces.metrics import parse_slo
 from sim.core.routers import ROUTERS
 from sim.core.sources import open_source
