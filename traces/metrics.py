@@ -3,7 +3,8 @@ on them (replay and trace summaries, the planner, compare, the TUI, benchmarks).
 
 Metrics, per request that finished (`stop` or `length`), in seconds:
   queue = first_scheduled - arrival; ttft = first_token - arrival; e2e = finish - arrival;
-  tpot = (finish - first_token) / (num_output_tokens - 1), undefined (NaN) with one output token.
+  tpot = (finish - first_token) / (num_output_tokens - 1), undefined (NaN) with one output token;
+  itl = the time between consecutive tokens of one request (each token's step end).
 Percentiles are numpy's linear interpolation over the defined values.
 
 SLO policy for requests that did not finish (refused, aborted, or still in flight when the measurement
@@ -56,6 +57,14 @@ def request_latencies(requests: pd.DataFrame) -> pd.DataFrame:
     for m in METRICS:
         out[m] = latency(m, **cols)
     return out
+
+
+def inter_token_latencies(codes: np.ndarray, times: np.ndarray) -> np.ndarray:
+    """ITL: the time between consecutive tokens of one request, from each token's request code and output
+    time in order (a request's tokens adjacent); the first token of each request has none."""
+    if len(codes) < 2:
+        return np.empty(0)
+    return np.diff(times)[codes[1:] == codes[:-1]]
 
 
 def prefix_hit_rate(requests: pd.DataFrame, steps: pd.DataFrame | None = None) -> float:

@@ -14,6 +14,7 @@ from sim.report.token_stats import TokenStats, stream_token_stats, token_times
 from traces.outputs import save_png
 from traces.schema import REQUEST_COLUMNS
 from traces.metrics import LATENCIES, SLO, UNFINISHED_POLICY, evaluate_slos, request_latencies
+from traces.metrics import inter_token_latencies as itl_of
 from traces.summary import format_summary, summarize
 
 if TYPE_CHECKING:
@@ -23,10 +24,7 @@ if TYPE_CHECKING:
     from traces import Trace
 
 def inter_token_latencies(decisions: pd.DataFrame, steps: pd.DataFrame) -> np.ndarray:
-    code, times = token_times(decisions, steps)
-    if len(code) < 2:
-        return np.empty(0)
-    return np.diff(times)[code[1:] == code[:-1]]
+    return itl_of(*token_times(decisions, steps))
 
 
 # What the summary and the plots read: no token id lists, no block tables, and only these step columns.

@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
+from traces.metrics import inter_token_latencies
+
 if TYPE_CHECKING:
     import numpy.typing as npt
     import pyarrow as pa
@@ -35,7 +37,7 @@ class TokenStats:
     @classmethod
     def from_token_times(cls, codes: np.ndarray, times: np.ndarray) -> TokenStats:
         """From `token_times`' per-token arrays."""
-        itl = np.diff(times)[codes[1:] == codes[:-1]] if len(codes) > 1 else np.empty(0)
+        itl = inter_token_latencies(codes, times)
         t, n = np.unique(times[~np.isnan(times)], return_counts=True)
         return cls(itl[~np.isnan(itl)], t, n)
 
