@@ -103,3 +103,10 @@ def test_no_legend_covers_the_axes(tmp_path, monkeypatch, name):
         box = legend.get_window_extent()
         for ax in fig.axes:
             assert not box.overlaps(ax.get_window_extent()), (name, ax.get_title())
+
+
+def test_a_rate_whose_percentile_fell_among_the_unfinished_is_marked_failed():
+    from sim.plan.plots import split_points
+
+    points = [{"rate": 1.0, "ttft": 0.2}, {"rate": 2.0, "ttft": None}, {"rate": 3.0}]
+    assert split_points(points, "ttft") == ([(1.0, 0.2)], [2.0])

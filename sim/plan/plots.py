@@ -18,9 +18,9 @@ from traces.outputs import save_png
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-MAX_CURVES = 12
-# A percentile that falls among unfinished requests is inf (traces.metrics), or huge where it falls between
-# them and a finished one (or in an older results file); nothing that finished is this late.
+MAX_CURVES = 20
+# A percentile that falls among unfinished requests is null (sim.plan.search.slo_check), or huge in an older
+# results file; nothing that finished is this late.
 UNFINISHED_S = 1e9
 FAILED_MARK = dict(marker="x", ls="none", ms=6, mew=1.5, clip_on=False)
 FRONT_MARK = dict(marker="o", mfc="none", ms=8)  # a front of one point is still seen
@@ -51,13 +51,28 @@ def write_plan_plots(rows: list[PlanRow], results: dict[str, ConfigResult], slos
     return written
 
 
+def fitted(title: str, fig: Figure) -> str:
+    """The title wrapped to the axes' width, so no part of it is cut at the figure's edge."""
+    import textwrap
+
+    return textwrap.fill(title, width=max(40, int((fig.get_figwidth() - 3) * 12)))  # less the legend's width
+
+
+def curve_color(i: int) -> Any:
+    """One of 20 distinct colours: MAX_CURVES curves never share one (the default cycle repeats after 10)."""
+    import matplotlib
+
+    return matplotlib.colormaps["tab20"]((2 * i + i // 10) % 20)  # dark shades first, then the light ones
+
+
 def split_points(points: list[dict[str, Any]], label: str) -> tuple[list[tuple[float, float]], list[float]]:
     """A configuration's points on one SLO: (rate, latency in s) where every request finished, and the
-    rates where some did not (or the simulation failed), which have no latency to draw."""
+    rates where some did not (the percentile is null: it fell among the unfinished) or the simulation
+    failed, which have no latency to draw."""
     finite, failed = [], []
     for p in points:
         v = p.get(label)
-        if v is None and "error" not in p:
+        if label not in p and "error" not in p:
             continue
         if v is None or not math.isfinite(v) or v >= UNFINISHED_S:
             failed.append(p["rate"])
@@ -90,10 +105,11 @@ def latency_figure(rows: list[PlanRow], results: dict[str, ConfigResult], slos: 
         top = blended_transform_factory(ax.transData, ax.transAxes)
         for i, (finite, _) in enumerate(split):
             if finite:
-                ax.plot([r for r, _ in finite], [v * 1e3 for _, v in finite], marker=".", color=f"C{i % 10}")
+                ax.plot([r for r, _ in finite], [v * 1e3 for _, v in finite], marker=".", color=curve_color(i))
+        spacing = min(FAILED_ROW, (band - 0.05) / max(len(failing) - 1, 1))  # every row inside the band
         for row, i in enumerate(failing):
             failed = split[i][1]
-            ax.plot(failed, [1 - 0.03 - FAILED_ROW * row] * len(failed), color=f"C{i % 10}", transform=top,
+            ax.plot(failed, [1 - 0.03 - spacing * row] * len(failed), color=curve_color(i), transform=top,
                     **FAILED_MARK)
         ax.axhline(slo.threshold_s * 1e3, color="k", ls="--", lw=0.8)
         ax.set(title=slo.label, xlabel="offered rate (req/s)", ylabel="ms", xscale="log", yscale="log")
@@ -106,7 +122,7 @@ def latency_figure(rows: list[PlanRow], results: dict[str, ConfigResult], slos: 
         ax.set_ylim(lo, hi)
         _readable_log_ticks(ax, (slo.threshold_s * 1e3,), lo * (hi / lo) ** (1 - band))
         ax.grid(alpha=0.3)
-    handles = [Line2D([], [], color=f"C{i % 10}", marker=".") for i in range(len(shown))]
+    handles = [Line2D([], [], color=curve_color(i), marker=".") for i in range(len(shown))]
     labels = [f"#{rank} {r.config.label(swept)}" + (f" (same as #{r.same_as})" if r.same_as else "")
               for rank, r in ranked]
     handles.append(Line2D([], [], color="k", ls="--", lw=0.8))
@@ -115,7 +131,7 @@ def latency_figure(rows: list[PlanRow], results: dict[str, ConfigResult], slos: 
         handles.append(Line2D([], [], color="0.3", **{k: v for k, v in FAILED_MARK.items() if k != "clip_on"}))
         labels.append("requests did not finish\n(top band, a row per\nconfiguration)")
     fig.legend(handles, labels, loc="outside right upper", fontsize=7)
-    fig.suptitle(title, fontsize=9)
+    fig.suptitle(fitted(title, fig), fontsize=9, x=0.01, ha="left")  # clear of the legend on the right
     return fig
 
 
@@ -162,7 +178,7 @@ def cost_figure(rows: list[PlanRow], swept: list[str], title: str) -> Figure | N
     ax.set_ylim(0, max(r.usd_per_m_output_tokens for r in priced) * 1.15)
     _label_points(ax, [(r.max_rate, r.usd_per_m_output_tokens) for r in frontier],
                   [r.config.label(swept) for r in frontier])
-    ax.set_title(f"cost frontier\n{title}", fontsize=9)
+    ax.set_title(f"cost frontier\n{fitted(title, fig)}", fontsize=9)
     ax.set(xlabel="max rate within SLOs (req/s)", ylabel="$ per million output tokens")
     ax.grid(alpha=0.3)
     fig.legend(loc="outside right upper", fontsize=7)
@@ -210,7 +226,7 @@ def pareto_figure(rows: list[PlanRow], swept: list[str], title: str) -> Figure |
     ax.margins(0.12)
     ax.set_ylim(0, max(y for _, y in pts) * 1.15)
     _label_points(ax, [pts[i] for i in front], [usable[i].config.label(swept) for i in front])
-    ax.set_title(f"throughput vs interactivity at each max rate\n{title}", fontsize=9)
+    ax.set_title(f"throughput vs interactivity at each max rate\n{fitted(title, fig)}", fontsize=9)
     ax.set(xlabel="tokens/s per user (1 / median TPOT)", ylabel="output tokens/s per replica")
     ax.grid(alpha=0.3)
     fig.legend(loc="outside right upper", fontsize=7)
