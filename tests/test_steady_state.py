@@ -94,3 +94,25 @@ def test_the_tui_reads_a_request_s_latencies_by_the_one_definition(tmp_path):
 def test_the_window_stays_bounded_at_rates_far_past_any_deployment():
     window = Window.for_rate(base=100, rate=1e6, requests=400, lifetime_s=10.0)
     assert window.total <= 3 * 4000
+
+
+def test_smooth_arrivals_scale_linearly_with_replicas_at_few_seats():
+    spec = PlanSpec(workload=str(ROOT / "workloads" / "poisson.yaml"), slo="ttft_p99=2s,tpot_p99=80ms",
+                    max_requests=200)
+    configs = [PlanConfig(replicas=n, hardware="h100", max_num_seqs=64) for n in (1, 2)]
+    spec.lifetime_s = request_lifetime(spec, configs)
+    one, two = (evaluate_config(spec, c).max_rate for c in configs)
+    assert one > 0 and two <= 2 * one * (1 + 0.1), (one, two)
+
+
+def test_a_plan_table_explains_a_rate_more_than_linear_in_replicas():
+    from sim.plan.search import ConfigResult
+    from sim.plan.table import format_table, rank
+
+    configs = [PlanConfig(replicas=n, hardware="h100") for n in (1, 2)]
+    rows = rank([(configs[0], ConfigResult(max_rate=10.0)), (configs[1], ConfigResult(max_rate=25.0))], {})
+    text = format_table(rows, ["replicas"], tol=0.05)
+    assert "more than linear in replicas" in text and "2 replicas 1.25x" in text
+    assert "more than linear" not in format_table(rank([(configs[0], ConfigResult(max_rate=10.0)),
+                                                        (configs[1], ConfigResult(max_rate=20.5))], {}),
+                                                  ["replicas"], tol=0.05)

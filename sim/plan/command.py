@@ -171,7 +171,7 @@ def plan(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([r.to_json() for r in rows], default=str))
     else:
-        print(format_table(rows, swept))
+        print(format_table(rows, swept, args.rate_tol))
         print(recommend(rows, offered_rate, swept))
         how = [f"{len(todo) - reused.configs} simulated, {reused.configs} proven to run as one simulated; "
                f"{reused.runs_simulated} runs simulated, {reused.runs} taken from runs proven alike"] if reused.configs or reused.runs else []

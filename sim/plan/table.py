@@ -76,7 +76,7 @@ def _fingerprint(res: ConfigResult) -> str | None:
                        res.user_tok_s], sort_keys=True, default=str)
 
 
-def format_table(rows: list[PlanRow], swept: list[str]) -> str:
+def format_table(rows: list[PlanRow], swept: list[str], tol: float = 0.05) -> str:
     labels = [r.config.label(swept) for r in rows]
     priced = any(r.usd_per_m_output_tokens is not None for r in rows)
     width = max([len("configuration"), *map(len, labels)])
@@ -105,7 +105,32 @@ def format_table(rows: list[PlanRow], swept: list[str]) -> str:
                  "meeting every SLO; tok/s/replica: output tokens/s per replica; tok/s/user: 1 / median TPOT"
                  + ("; hit: prompt tokens served from the prefix cache" if hits else ""))
     lines.append(RANKING[priced])
-    return "\n".join(lines + rejection_lines(rows, labels))
+    return "\n".join(lines + scaling_lines(rows, swept, tol) + rejection_lines(rows, labels))
+
+
+def scaling_lines(rows: list[PlanRow], swept: list[str], tol: float) -> list[str]:
+    """Configurations that sustain more than their replica count times what one replica of them sustains
+    (beyond the search's tolerance), explained where they are printed: a router that spreads requests splits
+    the workload's clusters of close arrivals, which one replica queues whole."""
+    from dataclasses import replace
+
+    by_key = {r.config.key: r for r in rows}
+    found: dict[str, list[str]] = {}
+    for row in sorted(rows, key=lambda r: r.config.replicas):
+        base = by_key.get(replace(row.config, replicas=1).key)
+        if row.config.replicas == 1 or base is None or base.max_rate <= 0 or row.max_rate <= 0:
+            continue
+        ratio = row.max_rate / (base.max_rate * row.config.replicas)
+        if ratio > 1 + tol:
+            family = [k for k in swept if k != "replicas"]
+            found.setdefault(base.config.label(family) if family else "", []).append(
+                f"{row.config.replicas} replicas {ratio:.2f}x")
+    if not found:
+        return []
+    listed = "; ".join(f"{label}: {', '.join(v)}" if label else ", ".join(v) for label, v in found.items())
+    return [f"more than linear in replicas (max rate per replica against one replica's) — {listed}: the router "
+            "splits the workload's clusters of close arrivals over the replicas, where one replica queues each "
+            "whole (smooth, Poisson arrivals scale linearly)"]
 
 
 def _interval(iv: dict[str, Any] | None) -> str:
