@@ -18,6 +18,18 @@ class FixedCost(CostModelDefaults):
         return {}
 
 
+class FlatCost(CostModelDefaults):
+    """10 ms per step whatever it holds: a model with no measured scatter."""
+
+    name = "flat"
+
+    def step_time(self, batch: StepBatch, step: int) -> StepTiming:
+        return StepTiming(0.01)
+
+    def describe(self) -> dict:
+        return {}
+
+
 # Three 600-token prompts, 4 output tokens each: a replay that takes a moment.
 TINY_WORKLOAD = """name: tiny
 seed: 1

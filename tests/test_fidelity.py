@@ -11,7 +11,6 @@ from engine.core.outputs import ModelRunnerOutput
 from engine.core.request import Request
 from engine.core.sampling_params import SamplingParams
 from engine.core.scheduler import Scheduler
-from sim.cost_models.base import StepTiming
 from sim.cost_models.batch import StepBatch, batch_from_output, causal_pairs
 from sim.calibration.calibrate import calibrate
 from sim.cli import main
@@ -25,7 +24,7 @@ from sim.fidelity.samples import interval
 from sim.fidelity.speed_shift import same_shape_speed
 from traces.recorder import TraceRecorder
 from traces.writer import TraceWriter
-from sim.cost_models.base import CostModelDefaults
+from sim_helpers import FlatCost
 
 DEVICE = {"c0": 2e-3, "c_p": 5e-5, "c_d": 2e-4, "c_ctx": 1e-6, "c_attn": 1e-7, "c_seq": 1e-4, "c_pseq": 1e-3}
 HOST = (3e-4, 2e-5)  # per step, per sequence
@@ -287,15 +286,7 @@ def test_samples_without_a_calibrated_profile_is_one_line_exit_2(engine_like, ca
 def test_residual_scaling_lays_measured_ratios_over_another_cost_model():
     from sim.cost_models.residuals import ResidualScaled
 
-    class Flat(CostModelDefaults):
-        name = "flat"
-
-        def step_time(self, batch, step):
-            return StepTiming(0.01)
-
-        def describe(self):
-            return {}
-
+    class Flat(FlatCost):
         def num_gpu_blocks(self, block_size, gpu_memory_utilization=0.9, max_num_batched_tokens=8192):
             return 7
 

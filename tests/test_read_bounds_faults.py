@@ -6,7 +6,7 @@ import pytest
 
 import traces
 from sim.cost_models.profile import MAX_PROFILE_BYTES, load_profile
-from traces.reader import MAX_META_BYTES
+from traces.meta import MAX_META_BYTES
 from traces.streams import MAX_ROW_BYTES
 
 

@@ -10,10 +10,9 @@ import pytest
 
 import traces
 from sim.cli import main
-from sim.cost_models.base import CostModelDefaults, StepTiming
 from sim.cost_models.calibrated import CalibratedCostModel
 from sim.cost_models.residuals import ResidualScaled, residual_table
-from sim_helpers import TINY_WORKLOAD
+from sim_helpers import TINY_WORKLOAD, FlatCost
 from test_fidelity import record_engine_like
 from test_kernel_models import write_bundle
 
@@ -74,20 +73,11 @@ def test_samples_with_a_profile_without_residuals_is_refused(runs, tmp_path, cap
 
 
 def test_only_a_model_with_measured_residuals_declares_spread(runs):
-    class Flat(CostModelDefaults):
-        name = "flat"
-
-        def step_time(self, batch, step):
-            return StepTiming(0.01)
-
-        def describe(self):
-            return {}
-
     table = residual_table(np.ones((8, 3)), [8])
     assert CalibratedCostModel.load(runs / "p.json").has_residuals
     assert not CalibratedCostModel.load(runs / "flat.json").has_residuals
-    assert not Flat().has_residuals
-    assert ResidualScaled(Flat(), table, seed=0).has_residuals
+    assert not FlatCost().has_residuals
+    assert ResidualScaled(FlatCost(), table, seed=0).has_residuals
 
 
 def test_samples_output_names_the_interval_as_the_prediction(sampled):

@@ -14,7 +14,7 @@ import pandas as pd
 from traces.arrowstream import arrow_stream_file, read_arrow_stream
 from traces.errors import TraceError, TraceWarning
 from traces.frames import STEP_ROW_TABLES, arrow_to_frame, clip_rows
-from traces.meta import MAX_META_BYTES, read_meta  # noqa: F401  (MAX_META_BYTES: read from here too)
+from traces.meta import read_meta
 from traces.schema import SPANS_FILE, TABLES, parquet_file, stream_file
 from traces.streams import StreamError, first_row_keys, read_stream
 

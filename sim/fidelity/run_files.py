@@ -81,14 +81,21 @@ def json_file(path: Path, limit: int, what: str) -> Any:
         raise WorkloadError(path, f"line {e.lineno}", f"not valid JSON ({e.msg})") from None
 
 
+def _non_negative(value: Any, path: Path, where: str, name: str = "") -> float:
+    """A finite number >= 0 (`name`, when given, leads the message)."""
+    said = f"{name} {value!r}" if name else repr(value)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise WorkloadError(path, where, f"{said} is not a number")
+    if not math.isfinite(value):
+        raise WorkloadError(path, where, f"{said} is not a finite number")
+    if value < 0:
+        raise WorkloadError(path, where, f"{said} is negative")
+    return float(value)
+
+
 def _number(value: Any, path: Path, where: str, name: str, limit: float) -> float:
     """A finite number in [0, limit] seconds: a clock stamp (MAX_STAMP) or a latency (MAX_LATENCY)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise WorkloadError(path, where, f"{name} {value!r} is not a number")
-    if not math.isfinite(value):
-        raise WorkloadError(path, where, f"{name} {value!r} is not a finite number")
-    if value < 0:
-        raise WorkloadError(path, where, f"{name} {value!r} is negative")
+    _non_negative(value, path, where, name)
     if value > limit:
         raise WorkloadError(path, where, f"{name} {value!r} is more than {limit:g} s, longer than any run")
     return float(value)
@@ -314,11 +321,6 @@ def _check_bench_figures(path: Path, result: dict[str, Any]) -> None:
         value = result.get(key)
         if value is None or isinstance(value, str):
             continue
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise WorkloadError(path, key, f"{value!r} is not a number")
-        if not math.isfinite(value):
-            raise WorkloadError(path, key, f"{value!r} is not a finite number")
-        if value < 0:
-            raise WorkloadError(path, key, f"{value!r} is negative")
+        _non_negative(value, path, key)
         if key in BENCH_COUNTS and (not isinstance(value, int) or value > MAX_REQUESTS):
             raise WorkloadError(path, key, f"{value!r} is not a request count (an integer in [0, {MAX_REQUESTS:,}])")
