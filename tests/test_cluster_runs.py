@@ -1,4 +1,4 @@
-"""Decode runs in a cluster (sim.core.cluster_runs) are invisible in the result: a cluster that advances its
+"""Decode runs in a cluster (sim.core.decode_runs) are invisible in the result: a cluster that advances its
 replicas' decode-only stretches as runs ends every request exactly as the step-by-step loop does, for
 every router and replica count, with a per-step and an at-once cost model, when the SLO watch stops
 it in the middle of a run, and a one-replica cluster still reproduces the single-replica simulator."""
@@ -10,7 +10,7 @@ import pytest
 import traces
 from engine.core.config import CacheConfig, SchedulerConfig
 from sim.core.cluster import Cluster
-from sim.core.cluster_runs import ReplicaRuns
+from sim.core.decode_runs import DecodeRuns
 from sim.cost_models.roofline import RooflineCostModel
 from sim.core.simulator import Simulator
 from sim.plan.watch import MissWatch
@@ -59,7 +59,7 @@ def _assert_same(a, b) -> None:
 
 
 def _run_steps(cluster: Cluster) -> int:
-    return sum(r.runs.runs.num_steps for r in cluster.replicas)
+    return sum(r.runs.num_steps for r in cluster.replicas)
 
 
 @pytest.mark.parametrize("router", ROUTERS)
@@ -85,8 +85,8 @@ def test_a_watch_stop_in_the_middle_of_runs_leaves_the_step_by_step_result(monke
     """The SLO watch stops the cluster at a finish on one replica while others are inside runs that
     end later: the steps of those runs after the stop are taken back."""
     rewound = []
-    rewind = ReplicaRuns.rewind
-    monkeypatch.setattr(ReplicaRuns, "rewind", lambda self, t: rewound.append(rewind(self, t)) or rewound[-1])
+    rewind = DecodeRuns.rewind
+    monkeypatch.setattr(DecodeRuns, "rewind", lambda self, t: rewound.append(rewind(self, t)) or rewound[-1])
     for slo in ("ttft_p99=100ms", "ttft_p50=300ms"):
         watches = [MissWatch(parse_slo(slo), 60) for _ in range(2)]
         for w in watches:

@@ -10,14 +10,16 @@ import traces
 from engine.core.model_shapes import PRESET_NAMES, get_model_config
 from sim.cost_models.base import StepTiming
 from sim.cost_models.batch import StepBatch, batch_from_output
-from sim.calibration.calibrate import batches_from_trace, calibrate, main_calibrate
+from sim.calibration.calibrate import batches_from_trace, calibrate
 from sim.cli import main as sim_main
 from sim.cost_models.calibrated import CalibratedCostModel, nnls
 from sim.cost_models.profile import CostProfile, load_profile
 from sim.cost_models.hardware import get_hardware
+from sim.cost_models.kernels import KernelSumCostModel
 from sim.cost_models.roofline import RooflineCostModel, model_shape
 from traces.recorder import TraceRecorder
 from traces.writer import TraceWriter
+from recording import record_step
 
 TRUE = {"c0": 2e-3, "c_p": 5e-5, "c_d": 2e-4, "c_ctx": 1e-6, "c_attn": 1e-7, "c_seq": 1e-4, "c_pseq": 1e-3}
 META = {"source": "engine", "device": {"type": "cpu", "name": "test-cpu"},
@@ -51,7 +53,7 @@ def record(path, seed=0, noise=0.02, spike_every=0, num_requests=30):
         dt = law(batch) * (1 + noise * rng.standard_normal()) if batch.num_tokens else 1e-4
         if spike_every and k % spike_every == spike_every - 1:
             dt *= 10 if (k // spike_every) % 2 else 0.02
-        rec.on_step(out, outputs, t, t + dt)
+        record_step(rec, out, outputs, t, t + dt)
         t, k = t + dt, k + 1
         if batch.num_tokens:
             live.append((batch, dt))
@@ -124,20 +126,22 @@ def test_fit_on_traces_recovers_the_step_time_law(two_traces):
 
 def test_profile_round_trips_through_json_and_predicts_the_same(two_traces, tmp_path):
     out = tmp_path / "profile.json"
-    assert main_calibrate([*two_traces, "-o", str(out)]) == 0
+    assert sim_main(["calibrate", *two_traces, "-o", str(out)]) == 0
     profile, _ = calibrate([traces.load(p) for p in two_traces])
     loaded = CalibratedCostModel.load(out)
     fresh = CalibratedCostModel(profile)
     batches = [b for b, _ in batches_from_trace(traces.load(two_traces[0]))]
     assert [loaded.step_time(b, 0) for b in batches] == [fresh.step_time(b, 0) for b in batches]
-    d = loaded.describe()
+    info = loaded.describe()
+    assert (info.model, info.fitted_model["model"], info.hardware) == ("builtin", "builtin", "test-cpu")
+    d = info.to_meta()
     assert d["coefficients"] == profile.coefficients and d["model"]["model"] == "builtin"
     assert d["traces"] == [str(traces.load(p).path) for p in two_traces]
 
 
 def test_sim_calibrate_writes_a_profile_and_prints_the_fit_error(two_traces, tmp_path, capsys):
     out = tmp_path / "p.json"
-    assert main_calibrate([*two_traces, "-o", str(out)]) == 0
+    assert sim_main(["calibrate", *two_traces, "-o", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "fit error device: MAPE" in printed and "fit error gap:" in printed and "leave-one-trace-out" in printed
     prof = load_profile(out)
@@ -244,10 +248,14 @@ def test_step_time_grows_with_context_tokens():
     ("llama-3.1-8b", "h200", 1, True), ("qwen3-0.6b", "l4", 1, False), ("qwen2.5-7b", "a100", 2, True),
     ("llama-3.1-8b", "h100", 2, False)])
 def test_decode_step_times_are_step_time_of_each_decode_step_to_the_bit(model, hardware, tp, async_scheduling):
-    one_by_one, at_once = (RooflineCostModel.from_args(model=model, hardware=hardware, tp=tp,
-                                                       async_scheduling=async_scheduling) for _ in range(2))
+    """A run of decode steps timed at once, each of its steps timed alone, and the kernel sum's general
+    path (prefill chunks, skew) on the same batches all agree to the bit."""
+    one_by_one, at_once, general = (RooflineCostModel.from_args(model=model, hardware=hardware, tp=tp,
+                                                                async_scheduling=async_scheduling) for _ in range(3))
     for n, context in [(1, 5), (7, 12_345), (4, 1_002), (256, 3_000_000)]:  # 1002 / 4: a tie, rounded to even
         expected = [one_by_one.step_time(StepBatch(0, n, 0, n, context + n * j, 0.0), j) for j in range(200)]
+        assert expected == [KernelSumCostModel.step_time(general, StepBatch(0, n, 0, n, context + n * j, 0.0), j)
+                            for j in range(200)]
         times = at_once.decode_step_times(n, context, 200)
         assert [StepTiming(device, times.host) for device in times.device] == expected
         assert times.totals() == [t.total for t in expected]
@@ -289,7 +297,7 @@ def test_hf_config_dict_gives_the_same_shape_as_the_preset():
 
 def test_roofline_from_a_profile_uses_the_measured_rates(two_traces, tmp_path):
     out = tmp_path / "p.json"
-    assert main_calibrate([*two_traces, "-o", str(out)]) == 0
+    assert sim_main(["calibrate", *two_traces, "-o", str(out)]) == 0
     prof = load_profile(out)
     model = RooflineCostModel.from_args(hardware="cpu", profile=out)
     hw, c, shape = model.hardware, prof.coefficients, model.shape
@@ -297,7 +305,7 @@ def test_roofline_from_a_profile_uses_the_measured_rates(two_traces, tmp_path):
     assert hw.effective_flops >= 2 * shape.active_params / c["c_p"] * (1 - 1e-9)
     assert hw.effective_bandwidth >= shape.kv_bytes_per_token / c["c_ctx"] * (1 - 1e-9)
     assert 0 <= hw.step_overhead <= c["c0"] and shape.dtype == "float32"
-    assert "calibration profile" in model.describe()["source"] and model.num_gpu_blocks(16) > 0
+    assert "calibration profile" in model.describe().meta["source"] and model.num_gpu_blocks(16) > 0
 
 
 @pytest.mark.parametrize("name", PRESET_NAMES)

@@ -8,7 +8,7 @@ from core_helpers import make_requests, make_scheduler
 from engine.core import ModelRunnerOutput, RequestStatus
 from engine.core.async_scheduler import make_scheduler as make_any_scheduler
 from engine.core.config import CacheConfig, SchedulerConfig
-from engine.core.decode_run import DecodeRun, ready_for_decode_run, rewind_decode_steps
+from engine.core.decode_run import DecodeRun, rewind_decode_steps
 
 
 def token(rid: str, pos: int) -> int:
@@ -64,7 +64,7 @@ def in_decode_stretch(num_blocks=400, prompt_len=23, **options):
         sched.add_request(make_requests(1, num_tokens=prompt_len + 3 * i, max_tokens=200, start=i, ignore_eos=True,
                                         priorities=priorities and priorities[i:i + 1])[0])
     for _ in range(100):
-        if ready_for_decode_run(sched):
+        if sched.decode_only():
             return sched
         one_step(sched)
     raise AssertionError("never reached a decode-only stretch")
@@ -101,7 +101,7 @@ def test_finishes_left_to_announce_are_announced_by_the_runs_first_step():
     a, b = in_decode_stretch(), in_decode_stretch()
     for sched in (a, b):
         sched.finish_requests([sched.running[1].request_id], RequestStatus.FINISHED_ABORTED)
-        assert sched.finished_req_ids and ready_for_decode_run(sched)
+        assert sched.finished_req_ids and sched.decode_only()
     take(DecodeRun.plan(a, 10, upcoming))
     for _ in range(10):
         one_step(b)
@@ -128,7 +128,7 @@ def test_a_request_waiting_behind_taken_seats_leaves_a_run_as_the_same_steps_tak
     a, b = in_decode_stretch(max_num_seqs=6, policy=policy), in_decode_stretch(max_num_seqs=6, policy=policy)
     for sched in (a, b):
         sched.add_request(make_requests(1, num_tokens=9, start=50)[0])
-    assert ready_for_decode_run(a)
+    assert a.decode_only()
     run = DecodeRun.plan(a, 60, upcoming)
     assert run.num_waiting == 1 and run.admission_stop == ("r50", "max_num_seqs", 0, 0)
     done = take(run)
@@ -141,13 +141,13 @@ def test_a_request_waiting_behind_taken_seats_leaves_a_run_as_the_same_steps_tak
 def test_no_run_while_a_request_waits_for_a_free_seat_or_under_async_scheduling():
     sched = in_decode_stretch()
     sched.add_request(make_requests(1, num_tokens=5, start=50)[0])
-    assert not ready_for_decode_run(sched)
+    assert not sched.decode_only()
     cfg = SchedulerConfig(max_model_len=512, max_num_seqs=4, max_num_batched_tokens=64, async_scheduling=True)
     async_sched = make_any_scheduler(cfg, CacheConfig(block_size=4, num_gpu_blocks=100), clock=lambda: 0.0)
     async_sched.add_request(make_requests(1, num_tokens=5)[0])
     for _ in range(3):
         out = async_sched.schedule()
-        assert not ready_for_decode_run(async_sched)
+        assert not async_sched.decode_only()
         async_sched.update_from_output(out, ModelRunnerOutput(list(out.num_scheduled_tokens), [[7]] * len(out.num_scheduled_tokens)))
 
 

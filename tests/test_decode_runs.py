@@ -74,7 +74,7 @@ def test_most_steps_of_a_decode_heavy_replay_go_through_runs(tmp_path):
     sched = SchedulerConfig(max_model_len=4096, max_num_seqs=16, max_num_batched_tokens=512)
     _, sim, _ = _replay(tmp_path / "runs", DEFAULT_WORKLOAD, sched, CacheConfig(block_size=16, num_gpu_blocks=400),
                         True, time_scale=3.0)
-    assert sim.decode_runs.num_steps > 0.8 * sim.recorder.step
+    assert sim.decode_runs.num_steps > 0.8 * sim.recorder.num_steps
 
 
 def test_runs_write_the_step_by_step_trace_through_preemptions(tmp_path):

@@ -17,6 +17,7 @@ from tui.compare import Comparison, divergence_causes
 from tui.loader import open_trace
 from tui.model import RunIndex
 from tui.widgets.vtable import VTable
+from recording import record_step
 
 META = {"source": "sim", "config": {"model": {"architecture": "Fixture"}, "scheduler": {"policy": "fcfs"}},
         "device": {"type": "cpu"}, "workload": {"name": "fixture"}, "cost_model": {"name": "fixed"}}
@@ -41,7 +42,7 @@ def record(path, arrivals, step_ms=lambda step: 10.0, max_num_seqs=4, num_reques
             continue
         start, out = now[0], sched.schedule()
         now[0] = end = start + step_ms(step) / 1e3
-        rec.on_step(out, sched.update_from_output(out, fake_output(out, sched)), start, end, 0.0, end - start, 0.0)
+        record_step(rec, out, sched.update_from_output(out, fake_output(out, sched)), start, end, 0.0, end - start, 0.0)
         step += 1
     rec.close()
     return RunIndex(open_trace(path), path.name.upper())

@@ -25,6 +25,7 @@ from sim.fidelity.speed_shift import same_shape_speed
 from traces.recorder import TraceRecorder
 from traces.writer import TraceWriter
 from sim_helpers import FlatCost
+from recording import record_step
 
 DEVICE = {"c0": 2e-3, "c_p": 5e-5, "c_d": 2e-4, "c_ctx": 1e-6, "c_attn": 1e-7, "c_seq": 1e-4, "c_pseq": 1e-3}
 HOST = (3e-4, 2e-5)  # per step, per sequence
@@ -67,7 +68,7 @@ def record_engine_like(path, seed=0, num_requests=40, noise=0.02, speed=1.0, tra
         ids = list(out.num_scheduled_tokens)
         sampled = [[7] if sched.requests[r].num_computed_tokens >= sched.requests[r].num_tokens else [] for r in ids]
         outputs = sched.update_from_output(out, ModelRunnerOutput(ids, sampled))
-        rec.on_step(out, outputs, start, end, host / 2, device, host / 2)
+        record_step(rec, out, outputs, start, end, host / 2, device, host / 2)
         now[0] = end + (GAP[0] + GAP[1] * b.num_seqs) * jitter()
     rec.close()
 

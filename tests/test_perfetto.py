@@ -13,6 +13,7 @@ from traces.__main__ import main
 from traces.perfetto import DECODE_TID, MIXED_TID, PREEMPT_TID, PREFILL_TID, STEPS_TID, export_perfetto, to_perfetto
 from traces.recorder import TraceRecorder
 from traces.writer import TraceWriter
+from recording import record_step
 
 PHASE_NAMES = {"schedule", "execute", "sample"}
 
@@ -37,7 +38,7 @@ def _record(path, source, num_steps=None, **sched_kw):
         out = sched.schedule()
         now[0] = step + 0.9
         outputs = sched.update_from_output(out, fake_output(out, sched))
-        rec.on_step(out, outputs, float(step), step + 0.9, schedule_time=0.1, execute_time=0.6, sample_time=0.1)
+        record_step(rec, out, outputs, float(step), step + 0.9, schedule_time=0.1, execute_time=0.6, sample_time=0.1)
         step += 1
         if step == num_steps:
             break

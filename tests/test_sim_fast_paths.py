@@ -155,8 +155,8 @@ class RowsOnlyWriter:
     def update_meta(self, **fields):
         self.writer.update_meta(**fields)
 
-    def flush(self):
-        self.writer.flush()
+    def flush(self, steps=1):
+        self.writer.flush(steps)
 
     def close(self, **meta):
         self.writer.close(**meta)

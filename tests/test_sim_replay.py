@@ -17,6 +17,7 @@ from sim.core.sources import open_source
 from traces.recorder import TraceRecorder
 from traces.writer import TraceWriter
 from workloads import DEFAULT_WORKLOAD
+from recording import record_step
 
 BURSTY = str(DEFAULT_WORKLOAD)
 
@@ -133,7 +134,7 @@ def _record_with_stops_and_aborts(path):
             sampled.append([tok] if r.num_computed_tokens >= r.num_tokens else [])
         now[0] = step + 0.6
         outputs = sched.update_from_output(so, ModelRunnerOutput(ids, sampled))
-        rec.on_step(so, outputs, start, now[0])
+        record_step(rec, so, outputs, start, now[0])
         step += 1
     rec.close()
 

@@ -32,7 +32,7 @@ class _Recorder:
     def on_add(self, request) -> None:
         self.added.append(request.request_id)
 
-    def on_step(self, so, outputs, times) -> None:
+    def on_step(self, step, so, outputs, times, cost=None) -> None:
         self.steps.append((so.total_num_scheduled_tokens, times))
 
 

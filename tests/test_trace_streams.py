@@ -10,6 +10,7 @@ from traces.recorder import TraceRecorder
 from traces.schema import TABLES
 from traces.writer import TraceWriter
 from workloads import DEFAULT_WORKLOAD
+from recording import record_step
 
 
 def _record(path, flush_every=1, trace_level="full", num_steps=None, close=True):
@@ -26,7 +27,7 @@ def _record(path, flush_every=1, trace_level="full", num_steps=None, close=True)
             sched.add_request(req)
             rec.on_add(req)
         out = sched.schedule()
-        rec.on_step(out, sched.update_from_output(out, fake_output(out, sched)), float(step), step + 0.5)
+        record_step(rec, out, sched.update_from_output(out, fake_output(out, sched)), float(step), step + 0.5)
         step += 1
         if step == num_steps:
             break
@@ -52,7 +53,7 @@ def test_a_batched_run_not_yet_closed_loads_its_flushed_steps(tmp_path):
     rec = _record(tmp_path, flush_every=4, num_steps=10, close=False)
     t = traces.load(tmp_path)
     assert not t.complete and list(t.steps["step"]) == list(range(8))
-    assert t.decisions["step"].max() == 7 and rec.step == 10
+    assert t.decisions["step"].max() == 7 and rec.num_steps == 10
 
 
 def test_a_batched_run_killed_mid_batch_loads_up_to_its_last_whole_batch(tmp_path):

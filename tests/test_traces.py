@@ -13,6 +13,7 @@ from engine.core import RequestStatus
 from traces.blocks import BlockPoolIndex
 from traces.recorder import TraceRecorder
 from traces.writer import TraceWriter
+from recording import record_step
 
 
 def _record(tmp_path, num_steps=None, snapshot_every=7, close=True, write_behind=False, **sched_kw):
@@ -33,7 +34,7 @@ def _record(tmp_path, num_steps=None, snapshot_every=7, close=True, write_behind
             rec.on_add(req)
         out = sched.schedule()
         outputs = sched.update_from_output(out, fake_output(out, sched))
-        rec.on_step(out, outputs, float(step), step + 0.5)
+        record_step(rec, out, outputs, float(step), step + 0.5)
         live[step] = rec.block_snapshot(step)
         step += 1
         if num_steps is not None and step == num_steps:
@@ -167,10 +168,10 @@ def test_aborts_are_recorded_as_decisions_and_requests(tmp_path):
         sched.add_request(r)
         rec.on_add(r)
     out = sched.schedule()
-    rec.on_step(out, sched.update_from_output(out, fake_output(out, sched)), 0.0, 1.0)
+    record_step(rec, out, sched.update_from_output(out, fake_output(out, sched)), 0.0, 1.0)
     rec.on_abort(sched.finish_requests([b.request_id], RequestStatus.FINISHED_ABORTED))
     out = sched.schedule()
-    rec.on_step(out, sched.update_from_output(out, fake_output(out, sched)), 1.0, 2.0)
+    record_step(rec, out, sched.update_from_output(out, fake_output(out, sched)), 1.0, 2.0)
     rec.close()
     t = traces.load(tmp_path)
     ab = t.decisions[t.decisions["event"] == "abort"]
@@ -186,7 +187,7 @@ def test_rejected_requests_are_recorded(tmp_path):
     sched.add_request(bad)
     rec.on_add(bad)
     out = sched.schedule()
-    rec.on_step(out, sched.update_from_output(out, fake_output(out, sched)), 0.0, 1.0)
+    record_step(rec, out, sched.update_from_output(out, fake_output(out, sched)), 0.0, 1.0)
     rec.close()
     t = traces.load(tmp_path)
     assert t.requests.iloc[0]["finish_reason"] == "error" and "max_model_len" in t.requests.iloc[0]["error"]

@@ -24,6 +24,7 @@ from tui.model import RunIndex
 from tui.widgets.blockmap import MINE, BlockMap
 from tui.widgets.timeline import LABEL, Timeline
 from tui.widgets.vtable import VTable
+from recording import record_step
 
 SIZE = (120, 40)
 
@@ -56,7 +57,7 @@ def record(path, policy="fcfs", delay=None):
         out = sched.schedule()
         now[0] = step * 0.01 + 0.008
         outputs = sched.update_from_output(out, fake_output(out, sched))
-        rec.on_step(out, outputs, step * 0.01, step * 0.01 + 0.008, 0.001, 0.006, 0.001)
+        record_step(rec, out, outputs, step * 0.01, step * 0.01 + 0.008, 0.001, 0.006, 0.001)
         step += 1
     rec.close()
     return path

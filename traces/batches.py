@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from traces.arrowstream import iter_batches
-from traces.reader import TraceError, TraceWarning, check_columns, table_paths
+from traces.errors import TraceError, TraceWarning
+from traces.reader import check_columns, table_paths
 from traces.schema import TABLES
 from traces.streams import first_row_keys, stream_batches
 

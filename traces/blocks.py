@@ -5,10 +5,13 @@ step forth replays only that step's events."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
+
+if TYPE_CHECKING:
+    from traces.reader import Trace
 
 FREE, CACHED_FREE, HELD = "free", "cached", "held"
 KINDS = ("new", "hit", "cache", "free")  # the block event kinds the KV cache manager logs, in code order
@@ -151,7 +154,7 @@ class BlockPoolIndex:
         self._last: tuple[int, PoolState] | None = None  # (next event row, state) of the last request
 
     @classmethod
-    def from_trace(cls, trace) -> BlockPoolIndex:
+    def from_trace(cls, trace: Trace) -> BlockPoolIndex:
         total = int(trace.steps["kv_blocks_total"].iloc[0]) + 1 if len(trace.steps) else 1
         return cls(trace.block_events, trace.block_snapshots, total)
 

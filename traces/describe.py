@@ -32,7 +32,8 @@ def describe_cost_model(cost: dict[str, Any]) -> str:
     if fitted:
         fitted = ", ".join(map(str, fitted)) if isinstance(fitted, list) else str(fitted)
         return f"{name} (fitted on {fitted})"
-    kernels = cost.get("kernels") if isinstance(cost.get("kernels"), dict) else {}
+    found = cost.get("kernels")
+    kernels: dict[str, Any] = found if isinstance(found, dict) else {}
     if kernels.get("bundle"):
         name = (f"kernels measured on {kernels.get('gpu')} ({kernels.get('model')}, vLLM {kernels.get('vllm_version')}, "
                 f"profiled {str(kernels.get('profiled_at'))[:10]}; {kernels['bundle']})")

@@ -109,8 +109,8 @@ class RequestDifference:
     b: dict[str, Any]
 
 
-def _describe_rows(rows: pd.DataFrame) -> dict[str, Any]:
-    out: dict[str, Any] = {}
+def _describe_rows(rows: pd.DataFrame) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
     for r in rows.itertuples(index=False):
         if r.event == "schedule":
             out["schedule"] = {"num_tokens": int(r.num_tokens), "phase": r.phase,
@@ -133,10 +133,11 @@ def explain_step(rows_a: pd.DataFrame, rows_b: pd.DataFrame) -> list[RequestDiff
             continue
         what = []
         sa, sb = ra.get("schedule"), rb.get("schedule")
-        if (sa is None) != (sb is None):
-            row = sa or sb
-            what.append(f"scheduled in {'A' if sa else 'B'} only ({row['num_tokens']} tokens, {row['phase']})")
-        elif sa is not None:
+        if sa is None or sb is None:
+            for side, row in (("A", sa), ("B", sb)):
+                if row is not None:
+                    what.append(f"scheduled in {side} only ({row['num_tokens']} tokens, {row['phase']})")
+        else:
             for key, label in (("num_tokens", "tokens"), ("phase", "phase"), ("num_computed_tokens", "computed tokens"),
                                ("prefix_hit_tokens", "prefix hits"), ("blocks_gained", "blocks gained")):
                 if sa[key] != sb[key]:
@@ -146,7 +147,7 @@ def explain_step(rows_a: pd.DataFrame, rows_b: pd.DataFrame) -> list[RequestDiff
             ea, eb = ra.get(event), rb.get(event)
             if (ea is None) != (eb is None):
                 what.append(f"{label} in " + ("A" if ea else "B") + " only")
-            elif ea is not None and ea != eb:
+            elif ea is not None and eb is not None and ea != eb:
                 what.append(f"{label}: blocks freed {ea['blocks_freed']} vs {eb['blocks_freed']}, "
                             f"reason {ea['finish_reason']} vs {eb['finish_reason']}")
         diffs.append(RequestDifference(rid, what or ["rows differ"], ra, rb))

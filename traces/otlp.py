@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
 SPAN_COLUMNS = ("name", "trace_id", "span_id", "parent_span_id", "start", "end", "attributes")
 
 
-def _value(v: dict):
+def _value(v: dict[str, Any]) -> Any:
     if "arrayValue" in v:
         return [_value(x) for x in v["arrayValue"].get("values", [])]
     for key in ("stringValue", "boolValue", "doubleValue"):
@@ -22,7 +23,7 @@ def _value(v: dict):
     return None
 
 
-def _requests(path: Path) -> Iterator[dict]:
+def _requests(path: Path) -> Iterator[dict[str, Any]]:
     """Each whole ExportTraceServiceRequest line; reading stops at a line cut short by a kill or a full disk."""
     if not path.exists():
         return
@@ -41,9 +42,11 @@ def read_spans(path: Path, origin_ns: int | None) -> pd.DataFrame:
         for rs in req.get("resourceSpans", []):
             for ss in rs.get("scopeSpans", []):
                 for s in ss.get("spans", []):
-                    start, end = int(s["startTimeUnixNano"]), int(s["endTimeUnixNano"])
+                    start_ns, end_ns = int(s["startTimeUnixNano"]), int(s["endTimeUnixNano"])
+                    start: float = start_ns
+                    end: float = end_ns
                     if origin_ns is not None:
-                        start, end = (start - origin_ns) / 1e9, (end - origin_ns) / 1e9
+                        start, end = (start_ns - origin_ns) / 1e9, (end_ns - origin_ns) / 1e9
                     rows.append({"name": s["name"], "trace_id": s.get("traceId"), "span_id": s.get("spanId"),
                                  "parent_span_id": s.get("parentSpanId") or None, "start": start, "end": end,
                                  "attributes": {a["key"]: _value(a["value"]) for a in s.get("attributes", [])}})

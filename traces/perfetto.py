@@ -74,7 +74,7 @@ def _us(ns: int) -> float:
     return ns / 1000
 
 
-def _slice(pid: int, tid: int, name: str, start_ns: int, end_ns: int, args: dict | None = None,
+def _slice(pid: int, tid: int, name: str, start_ns: int, end_ns: int, args: dict[str, Any] | None = None,
            cat: str = "step") -> dict[str, Any]:
     ev = {"ph": "X", "pid": pid, "tid": tid, "name": name, "cat": cat, "ts": _us(start_ns),
           "dur": _us(max(end_ns - start_ns, 0))}
@@ -149,7 +149,8 @@ def _step_events(pid: int, steps: pd.DataFrame) -> Iterator[dict[str, Any]]:
         ) if c is not None)
         nxt = _ns(starts[i + 1]) if i + 1 < len(starts) else None
         if nxt is None or nxt > end:  # the batch is empty between steps
-            yield _counter(pid, "tokens scheduled", end, {"prefill": 0, "decode": 0})
+            if (empty := _counter(pid, "tokens scheduled", end, {"prefill": 0, "decode": 0})) is not None:
+                yield empty
 
 
 def _last_seen(trace: Trace) -> dict[str, int]:
@@ -216,13 +217,13 @@ def _startup_events(pid: int, trace: Trace) -> list[dict[str, Any]]:
     if not len(spans):
         return []
     rows = spans.to_dict("records")
-    children: dict[Any, list[dict]] = {}
+    children: dict[Any, list[dict[str, Any]]] = {}
     for r in rows:
         if _value(r.get("parent_span_id")) is not None:
             children.setdefault(r["parent_span_id"], []).append(r)
     events: list[dict[str, Any]] = []
 
-    def emit(span: dict, lo: int, hi: int) -> None:
+    def emit(span: dict[str, Any], lo: int, hi: int) -> None:
         start, end = _ns(span.get("start")), _ns(span.get("end"))
         if start is None or end is None:
             return

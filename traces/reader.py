@@ -140,13 +140,14 @@ def load(path: str | Path, arrow_lists: bool = False, columns: Mapping[str, Sequ
     meta = read_meta(root)
     wanted = set(TABLES if tables is None else tables)
     out: dict[str, pd.DataFrame] = {}
-    truncated, notes = [], []
+    truncated: list[str] = []
+    notes: list[str] = []
     last_step = None
     for table, cols in TABLES.items():  # steps first: a trace cut short is clipped to its last steps row
         if table not in wanted:
             out[table] = pd.DataFrame(columns=list(cols))
         else:
-            clip = last_step if table in STEP_ROW_TABLES else None
+            clip: int | None = last_step if table in STEP_ROW_TABLES else None
             out[table], cut = _read_table(root, table, (columns or {}).get(table), arrow_lists, notes, categories,
                                           clip)
             if cut:

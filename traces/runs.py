@@ -19,6 +19,9 @@ from dataclasses import dataclass, field
 from itertools import chain
 from typing import Any
 
+# A run as a writer buffers it: (position, count, then the spec's values in its order).
+RunEntry = tuple[Any, ...]
+
 
 @dataclass(frozen=True)
 class RunSpec:
@@ -29,7 +32,11 @@ class RunSpec:
     per_row: tuple[str, ...]
     constants: dict[str, Any] = field(default_factory=dict)
 
-    def batch(self, runs: list[tuple], schema: Any) -> Any:
+    def entry(self, position: int, count: int, **values: Any) -> RunEntry:
+        """A run of `count` rows after the table's first `position` buffered rows, its columns by name."""
+        return (position, count, *(values[c] for c in self.per_run), *(values[c] for c in self.per_row))
+
+    def batch(self, runs: list[RunEntry], schema: Any) -> Any:
         return runs_batch(self, runs, schema)
 
 
@@ -47,11 +54,11 @@ class GridSpec:
     sparse: str
     constants: dict[str, Any] = field(default_factory=dict)
 
-    def batch(self, runs: list[tuple], schema: Any) -> Any:
+    def batch(self, runs: list[RunEntry], schema: Any) -> Any:
         return grid_batch(self, runs, schema)
 
 
-def grid_batch(spec: GridSpec, runs: list[tuple], schema: Any) -> Any:
+def grid_batch(spec: GridSpec, runs: list[RunEntry], schema: Any) -> Any:
     """The rows of `runs` (GridSpec entries) as one record batch of `schema`, built column by column in
     numpy: a row's run, step and seat come from its index."""
     import numpy as np
@@ -77,7 +84,7 @@ def grid_batch(spec: GridSpec, runs: list[tuple], schema: Any) -> Any:
     return _record_batch(columns, spec.constants, total, schema)
 
 
-def _sparse_lists(runs: list[tuple], run_start: Any, total: int) -> Any:
+def _sparse_lists(runs: list[RunEntry], run_start: Any, total: int) -> Any:
     """The sparse list column of grid runs: empty lists but in the rows each run's dict names."""
     import numpy as np
     import pyarrow as pa
@@ -116,7 +123,7 @@ def _record_batch(columns: dict[str, Any], constants: dict[str, Any], total: int
     return pa.record_batch(arrays, schema=schema)
 
 
-def runs_batch(spec: RunSpec, runs: list[tuple], schema: Any) -> Any:
+def runs_batch(spec: RunSpec, runs: list[RunEntry], schema: Any) -> Any:
     """The rows of `runs` (entries as described above) as one record batch of `schema`."""
     import numpy as np
 

@@ -1,26 +1,70 @@
 """Trace directory format, version 1: table names, their columns and file names (see FORMAT.md)."""
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
 FORMAT_VERSION = 1
 META_FILE = "meta.json"
 SPANS_FILE = "spans.jsonl"
 # A Parquet file being compacted is `<table>.parquet.<pid>.tmp` until renamed; readers never look at it.
 TEMP_SUFFIX = ".tmp"
 
-STEP_COLUMNS = (
-    "step", "start", "end", "num_prefill_tokens", "num_decode_tokens", "num_scheduled_tokens",
-    "num_running", "num_waiting", "num_preempted", "kv_blocks_used", "kv_blocks_total", "prefix_hit_tokens",
-    "num_new_reqs", "num_finished", "schedule_time", "execute_time", "sample_time",
-)
+
+class StepRow(NamedTuple):
+    """A row of the steps table, every column in order: version 1's, then the admission columns added
+    after it first shipped (OPTIONAL_COLUMNS). The one place the table's layout is written."""
+
+    step: int
+    start: float
+    end: float
+    num_prefill_tokens: int
+    num_decode_tokens: int
+    num_scheduled_tokens: int
+    num_running: int
+    num_waiting: int
+    num_preempted: int
+    kv_blocks_used: int
+    kv_blocks_total: int
+    prefix_hit_tokens: int
+    num_new_reqs: int
+    num_finished: int
+    schedule_time: float
+    execute_time: float
+    sample_time: float
+    admission_blocked: str | None = None  # why the waiting queue stopped being admitted, and for whom
+    admission_blocked_request: str | None = None
+    admission_needed: int | None = None
+    admission_available: int | None = None
+
+
+class DecisionRow(NamedTuple):
+    """A row of the decisions table, every column in order (the last three optional, as above)."""
+
+    step: int
+    request_id: str
+    event: str
+    num_tokens: int
+    phase: str | None
+    num_computed_tokens: int | None
+    prefix_hit_tokens: int
+    blocks_gained: Sequence[int]
+    blocks_freed: Sequence[int]
+    finish_reason: str | None
+    preempted_for: str | None = None  # whom a preemption served, with the blocks it needed and found free
+    blocks_needed: int | None = None
+    blocks_free: int | None = None
+
+
+_STEP_V1 = StepRow._fields.index("admission_blocked")
+_DECISION_V1 = DecisionRow._fields.index("preempted_for")
+STEP_COLUMNS = StepRow._fields[:_STEP_V1]
 REQUEST_COLUMNS = (
     "request_id", "arrival", "queued", "first_scheduled", "first_token", "finish", "num_prompt_tokens",
     "num_output_tokens", "num_cached_tokens", "num_preemptions", "finish_reason", "priority", "max_tokens", "error",
     "prompt_token_ids", "output_token_ids",
 )
-DECISION_COLUMNS = (
-    "step", "request_id", "event", "num_tokens", "phase", "num_computed_tokens", "prefix_hit_tokens",
-    "blocks_gained", "blocks_freed", "finish_reason",
-)
+DECISION_COLUMNS = DecisionRow._fields[:_DECISION_V1]
 BLOCK_EVENT_COLUMNS = ("step", "seq", "kind", "request_id", "block_ids", "hashes")
 BLOCK_SNAPSHOT_COLUMNS = ("step", "block_id", "holders", "cached", "hash")
 
@@ -33,10 +77,7 @@ TABLES = {
 }
 # Columns added after version 1 first shipped: written by current recorders, absent from older traces
 # (readers must not require them). Why admissions stopped in a step, and whom each preemption served.
-OPTIONAL_COLUMNS = {
-    "steps": ("admission_blocked", "admission_blocked_request", "admission_needed", "admission_available"),
-    "decisions": ("preempted_for", "blocks_needed", "blocks_free"),
-}
+OPTIONAL_COLUMNS = {"steps": StepRow._fields[_STEP_V1:], "decisions": DecisionRow._fields[_DECISION_V1:]}
 # Decision events: a request scheduled for some tokens, preempted, finished (stop/length), aborted,
 # rejected at admission.
 DECISION_EVENTS = ("schedule", "preempt", "finish", "abort", "reject")
@@ -58,12 +99,12 @@ _INT_LIST_COLUMNS = {"blocks_gained", "blocks_freed", "block_ids", "prompt_token
 _STR_LIST_COLUMNS = {"hashes", "holders"}
 
 
-def arrow_schema(table: str, extra_int_columns: tuple[str, ...] = ()):
+def arrow_schema(table: str, extra_int_columns: tuple[str, ...] = ()) -> Any:
     """Column types of a table, stated up front so a long stream converts to Parquet batch by batch;
     `extra_int_columns` are integer columns a writer adds to every table (a cluster's `replica`)."""
     import pyarrow as pa
 
-    def kind(c: str):
+    def kind(c: str) -> Any:
         if c in _FLOAT_COLUMNS:
             return pa.float64()
         if c in _STR_COLUMNS:

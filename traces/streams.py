@@ -7,7 +7,7 @@ import json
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import orjson
 import pandas as pd
@@ -30,7 +30,8 @@ def _complete_bytes(path: Path, size: int) -> tuple[int, bool]:
         f.seek(size - 1)
         if f.read(1) == b"\n":
             return size, False
-        pos, chunks = size, []
+        pos = size
+        chunks: list[bytes] = []
         while pos > 0 and not (chunks and b"\n" in chunks[-1]):
             if size - pos >= MAX_ROW_BYTES:
                 raise StreamError(f"{path}: its last line runs past {MAX_ROW_BYTES >> 20} MiB; not JSON lines")
@@ -79,7 +80,7 @@ BLOCK_BYTES = 16 << 20
 STREAM_BLOCK_BYTES = 2 << 20
 
 
-def _parse_options(table: str, extra_int_columns: tuple[str, ...], only: Sequence[str] | None):
+def _parse_options(table: str, extra_int_columns: tuple[str, ...], only: Sequence[str] | None) -> Any:
     """The schema's types; with `only`, just those columns, every other key skipped unparsed."""
     import pyarrow as pa
     import pyarrow.json as pj
@@ -96,13 +97,13 @@ class _Prefix(io.RawIOBase):
     """The first `end` bytes of a file, read through an ordinary buffer: a memory map would count the
     whole stream as resident while Arrow parses it."""
 
-    def __init__(self, f: BinaryIO, end: int) -> None:
+    def __init__(self, f: io.BufferedIOBase, end: int) -> None:
         self.f, self.left = f, end
 
     def readable(self) -> bool:
         return True
 
-    def readinto(self, b) -> int:
+    def readinto(self, b: Any) -> int:
         n = self.f.readinto(memoryview(b)[:min(len(b), self.left)])
         self.left -= n
         return n

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 import re
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -109,7 +110,7 @@ def format_summary(s: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def trace_summary(path) -> str:
+def trace_summary(path: str | Path) -> str:
     """The console summary of a trace directory, read from the summary's columns only: a long run's
     decisions and block events, most of its trace, are never loaded."""
     from traces.reader import load

@@ -23,13 +23,17 @@ from typing import Any, BinaryIO
 import orjson
 
 from traces.arrowstream import arrow_stream_file, arrow_stream_to_parquet, to_batch
-from traces.runs import GridSpec, RunSpec, merge_runs
+from traces.runs import GridSpec, RunEntry, RunSpec, merge_runs
 from traces.schema import FORMAT_VERSION, META_FILE, OPTIONAL_COLUMNS, TABLES, arrow_schema, parquet_file, stream_file
 from traces.outputs import open_new_nofollow, replaced_when_done
 from traces.trace_dir import TraceDirLock, TraceWriteError
 
 _OPTIONS = orjson.OPT_SERIALIZE_NUMPY  # numpy scalars from cost models and tables are plain numbers here
 STREAM_FORMATS = ("jsonl", "arrow")
+
+
+# One table's rows to write: (table, its columns, its run spec, its runs).
+_Pending = tuple[str, dict[str, list[Any]], RunSpec | GridSpec | None, list[RunEntry] | None]
 
 
 def _dumps(row: dict[str, Any]) -> bytes:
@@ -76,8 +80,8 @@ class TraceWriter:
         self.columns = {t: (*cols, *OPTIONAL_COLUMNS.get(t, ()), *extra_int_columns) for t, cols in TABLES.items()}
         self._buf: dict[str, dict[str, list[Any]]] = {t: {c: [] for c in cols} for t, cols in self.columns.items()}
         self._order = sorted(self._buf, key=lambda t: t == "steps")  # the steps table last: its row marks a step whole
-        self._rows: dict[str, list[tuple]] = {}
-        self._runs: dict[str, tuple[RunSpec, list[tuple]]] = {}
+        self._rows: dict[str, list[tuple[object, ...]]] = {}
+        self._runs: dict[str, tuple[RunSpec | GridSpec, list[RunEntry]]] = {}
         self._files: dict[str, BinaryIO] = {}
         self._streams: dict[str, Any] = {}
         if self.stream_format == "jsonl":
@@ -98,7 +102,7 @@ class TraceWriter:
         # Write-behind: rows handed over per flush, in order, through the C queue (a put costs the step
         # well under a microsecond); at most MAX_HANDED flushes wait, so a disk that falls behind slows the
         # steps down instead of filling memory. A write error waits here for the next flush.
-        self._handed: queue.SimpleQueue[list[tuple] | None] | None = queue.SimpleQueue() if write_behind else None
+        self._handed: queue.SimpleQueue[list[_Pending] | None] | None = queue.SimpleQueue() if write_behind else None
         self._thread: threading.Thread | None = None
         self._handed_at = -math.inf
         self._failure: BaseException | None = None  # raised once, at the next flush or close
@@ -144,13 +148,13 @@ class TraceWriter:
         column the caller does not know) is filled with nulls when the rows are written."""
         return self._buf[table]
 
-    def row_buffer(self, table: str) -> list[tuple]:
+    def row_buffer(self, table: str) -> list[tuple[object, ...]]:
         """The table's pending rows as tuples of its first columns in order, turned into columns at the
         next drain: one tuple per row costs a caller far less than one append per column (the steps
         table, a row per simulated step). Rows here come after the ones appended to `buffer(table)`."""
         return self._rows.setdefault(table, [])
 
-    def run_buffer(self, table: str, spec: RunSpec | GridSpec) -> list[tuple] | None:
+    def run_buffer(self, table: str, spec: RunSpec | GridSpec) -> list[RunEntry] | None:
         """The table's pending row runs (`traces.runs`), for a caller to append to; None where the
         stream is JSON lines (one step per flush: nothing to gain). Runs go out with the buffered rows,
         each at its position among them."""
@@ -177,14 +181,15 @@ class TraceWriter:
         """Write out every buffered row now, the steps table last (a step's row marks it complete); with
         write-behind, hand them to the writer thread."""
         self._steps_since_flush = 0
-        if self._handed is None:
+        handed_queue = self._handed
+        if handed_queue is None:
             for table, cols, spec, runs in self._pending():
                 self._write(table, cols, spec, runs)
                 for values in cols.values():
                     values.clear()
             return
         self._raise_failure()
-        handed = []
+        handed: list[_Pending] = []
         for table, cols, spec, runs in self._pending():
             # Copies: the recorder goes on appending to the buffers' own lists while the thread writes.
             handed.append((table, {c: v[:] for c, v in cols.items()}, spec, runs[:] if runs else None))
@@ -195,21 +200,22 @@ class TraceWriter:
         if not handed:
             return
         if self._thread is None:
-            self._thread = threading.Thread(target=self._write_behind, name="trace-writer", daemon=True)
+            self._thread = threading.Thread(target=self._write_behind, args=(handed_queue,), name="trace-writer",
+                                            daemon=True)
             self._thread.start()
-        while self._handed.qsize() >= self.MAX_HANDED and self._thread.is_alive():
+        while handed_queue.qsize() >= self.MAX_HANDED and self._thread.is_alive():
             time.sleep(0.001)
-        self._handed.put(handed)
+        handed_queue.put(handed)
 
-    def _pending(self) -> Iterator[tuple[str, dict[str, list[Any]], Any, list[tuple] | None]]:
+    def _pending(self) -> Iterator[_Pending]:
         """(table, columns, run spec, runs) of every table with rows to write, steps last, each table's
         row tuples folded into its columns and its columns padded to one length."""
         for table in self._order:
             cols = self._buf[table]
             rows = self._rows.get(table)
             if rows:
-                for values, column in zip(zip(*rows), cols.values()):
-                    column.extend(values)
+                for column_values, column in zip(zip(*rows), cols.values()):
+                    column.extend(column_values)
                 rows.clear()
             n = max(map(len, cols.values()))
             spec, runs = self._runs.get(table, (None, None))
@@ -220,7 +226,8 @@ class TraceWriter:
                     values.extend([None] * (n - len(values)))
             yield table, cols, spec, runs
 
-    def _write(self, table: str, cols: dict[str, list[Any]], spec: Any, runs: list[tuple] | None) -> None:
+    def _write(self, table: str, cols: dict[str, list[Any]], spec: RunSpec | GridSpec | None,
+               runs: list[RunEntry] | None) -> None:
         """One table's rows (and row runs) to its stream."""
         if self._files:
             keys = self.columns[table]
@@ -231,17 +238,17 @@ class TraceWriter:
             return
         sink, stream, schema = self._streams[table]
         batch = to_batch(cols, schema) if max(map(len, cols.values())) else None
-        if runs:
+        if runs and spec is not None:
             batch = merge_runs(batch, spec.batch(runs, schema), [r[0] for r in runs], [r[1] for r in runs])
             runs.clear()
         with self._writing(arrow_stream_file(table)):
             stream.write_batch(batch)
             sink.flush()
 
-    def _write_behind(self) -> None:
+    def _write_behind(self, handed_queue: queue.SimpleQueue[list[_Pending] | None]) -> None:
         """The writer thread: what each flush handed over, in order, until close hands it None. After a
         failure it writes nothing more (the trace ends at the last step written whole)."""
-        while (handed := self._handed.get()) is not None:
+        while (handed := handed_queue.get()) is not None:
             if self._failed:
                 continue
             try:
@@ -259,7 +266,7 @@ class TraceWriter:
 
     def _join_writer(self) -> None:
         """Wait until the writer thread has written everything handed to it, then raise its failure."""
-        if self._thread is not None:
+        if self._thread is not None and self._handed is not None:
             self._handed.put(None)
             self._thread.join()
             self._thread = None

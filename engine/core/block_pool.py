@@ -36,7 +36,7 @@ class FreeKVCacheBlockQueue:
     to `made` (the pool's list by id). A pool then costs what its used blocks cost: a plan simulates
     pools of tens of thousands of blocks many times over and a short run touches few of them."""
 
-    def __init__(self, blocks: list[KVCacheBlock], unmade: range = range(0), made: list | None = None) -> None:
+    def __init__(self, blocks: list[KVCacheBlock], unmade: range = range(0), made: list[KVCacheBlock] | None = None) -> None:
         self.num_free_blocks = 0
         self._head = KVCacheBlock(-1)
         self._tail = KVCacheBlock(-1)
@@ -56,6 +56,7 @@ class FreeKVCacheBlockQueue:
 
     def popleft(self) -> KVCacheBlock:
         block = self._head.next_free_block
+        assert block is not None  # the head sentinel always links to a block or the tail
         if block is self._tail:
             raise ValueError("no free blocks left")
         if block is self._run:
@@ -69,6 +70,7 @@ class FreeKVCacheBlockQueue:
         out: list[KVCacheBlock] = []
         block = self._head.next_free_block
         while len(out) < n:
+            assert block is not None  # fewer than n free blocks was refused above
             if block is self._run:
                 out.extend(self._make(n - len(out)))
                 if self._unmade:
@@ -80,6 +82,7 @@ class FreeKVCacheBlockQueue:
             nxt = block.next_free_block
             block.prev_free_block = block.next_free_block = None
             block = nxt
+        assert block is not None
         self._head.next_free_block = block
         block.prev_free_block = self._head
         self.num_free_blocks -= n
@@ -89,15 +92,16 @@ class FreeKVCacheBlockQueue:
         """Make every unmade block, linked where their run sat; returns the first of them (the tail
         sentinel, or the block after the run, when there were none)."""
         run = self._run
-        if run.prev_free_block is None:
-            return self._tail
         prev, nxt = run.prev_free_block, run.next_free_block
+        if prev is None or nxt is None:
+            return self._tail
         run.prev_free_block = run.next_free_block = None
         first = prev
         for made in self._make(len(self._unmade)):
             prev.next_free_block, made.prev_free_block = made, prev
             prev = made
         prev.next_free_block, nxt.prev_free_block = nxt, prev
+        assert first.next_free_block is not None
         return first.next_free_block
 
     def _make(self, n: int) -> list[KVCacheBlock]:
@@ -118,6 +122,7 @@ class FreeKVCacheBlockQueue:
 
     def append(self, block: KVCacheBlock) -> None:
         last = self._tail.prev_free_block
+        assert last is not None  # the tail sentinel always links back to a block or the head
         last.next_free_block = block
         block.prev_free_block = last
         block.next_free_block = self._tail
@@ -129,6 +134,7 @@ class FreeKVCacheBlockQueue:
         if not blocks:
             return
         prev = self._tail.prev_free_block
+        assert prev is not None
         for block in blocks:
             prev.next_free_block = block
             block.prev_free_block = prev
@@ -139,6 +145,7 @@ class FreeKVCacheBlockQueue:
 
     def appendleft(self, block: KVCacheBlock) -> None:
         first = self._head.next_free_block
+        assert first is not None
         self._head.next_free_block = block
         block.prev_free_block = self._head
         block.next_free_block = first
@@ -147,9 +154,9 @@ class FreeKVCacheBlockQueue:
 
     def get_all_free_blocks(self) -> list[KVCacheBlock]:
         """Every free block in queue order (the unmade ones made: this is for inspection, not the hot path)."""
-        out = []
+        out: list[KVCacheBlock] = []
         block = self._head.next_free_block
-        while block is not self._tail:
+        while block is not None and block is not self._tail:
             if block is self._run:
                 block = self.make_all()
                 continue
@@ -161,7 +168,7 @@ class FreeKVCacheBlockQueue:
         """Drop every link, sentinels included: neighbours reference each other, so a queue let go of
         linked is a chain of reference cycles that only the garbage collector frees. The queue is
         unusable afterwards."""
-        block = self._head
+        block: KVCacheBlock | None = self._head
         while block is not None:
             following = block.next_free_block
             block.prev_free_block = block.next_free_block = None
@@ -202,14 +209,14 @@ class BlockPool:
     def get_cached_block(self, block_hash: BlockHash) -> KVCacheBlock | None:
         """The block a hit on `block_hash` takes: the first one cached under it."""
         entry = self.cached_block_hash_to_block.get(block_hash)
-        return entry if entry is None or type(entry) is KVCacheBlock else next(iter(entry.values()))
+        return next(iter(entry.values())) if isinstance(entry, dict) else entry
 
     def cached_blocks(self, block_hash: BlockHash) -> list[KVCacheBlock]:
         """Every block cached under `block_hash`, first cached first."""
         entry = self.cached_block_hash_to_block.get(block_hash)
         if entry is None:
             return []
-        return [entry] if type(entry) is KVCacheBlock else list(entry.values())
+        return list(entry.values()) if isinstance(entry, dict) else [entry]
 
     def cache_full_blocks(self, blocks: list[KVCacheBlock], block_hashes: list[BlockHash],
                           num_cached_blocks: int, num_full_blocks: int) -> list[KVCacheBlock]:
@@ -224,10 +231,10 @@ class BlockPool:
             same = table.get(h)
             if same is None:
                 table[h] = block
-            elif type(same) is KVCacheBlock:
-                table[h] = {same.block_id: same, block.block_id: block}
-            else:
+            elif isinstance(same, dict):
                 same[block.block_id] = block
+            else:
+                table[h] = {same.block_id: same, block.block_id: block}
             newly.append(block)
         return newly
 
@@ -245,10 +252,12 @@ class BlockPool:
         """Drop one block from the prefix cache (others holding the same content stay)."""
         table = self.cached_block_hash_to_block
         h = block.block_hash
+        if h is None:
+            return
         same = table.get(h)
         if same is block:
             del table[h]
-        elif type(same) is dict:
+        elif isinstance(same, dict):
             same.pop(block.block_id, None)
             if len(same) == 1:
                 table[h] = next(iter(same.values()))
@@ -266,7 +275,8 @@ class BlockPool:
         """Drop a reference; blocks reaching zero become free, in the order given (callers pass a
         request's blocks tail first): uncached ones go, as a run, to the front of the queue (reused
         first), cached ones to the LRU tail, as vLLM 0.32's BlockPool.free_blocks does."""
-        first, last = [], []
+        first: list[KVCacheBlock] = []
+        last: list[KVCacheBlock] = []
         caching = self.enable_caching
         for block in ordered_blocks:
             if block.is_null:
@@ -304,5 +314,9 @@ class BlockPool:
     def num_usable_blocks(self) -> int:
         return self.num_blocks - 1
 
+    def get_num_used_blocks(self) -> int:
+        """Blocks held by requests or cached but not free: the pool's usage, as every report counts it."""
+        return self.num_blocks - 1 - self.free_block_queue.num_free_blocks
+
     def get_usage(self) -> float:
-        return 1.0 - self.get_num_free_blocks() / self.num_usable_blocks
+        return self.get_num_used_blocks() / (self.num_blocks - 1)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import Any
 
 from engine.core.flags import Flag, flags_of, option
 
@@ -62,7 +63,7 @@ class SchedulerConfig:
                    f"must be >= max_model_len ({self.max_model_len}) when chunked prefill is off",
                    self.max_num_batched_tokens)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
@@ -93,7 +94,7 @@ class CacheConfig:
         _check(self.kv_cache_memory is None or self.kv_cache_memory > 0, "kv_cache_memory", "must be > 0 bytes",
                self.kv_cache_memory)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 

@@ -1,39 +1,40 @@
-"""Decode-only stretches of steps, applied to the scheduler without a SchedulerOutput per step.
+"""Decode-only stretches of steps in closed form: k steps applied at once, as `Scheduler.schedule` and
+`update_from_output` would apply them one by one.
 
-Most steps of a long simulation change nothing but counts: every running request decodes one token,
-nobody arrives, finishes or is preempted, and nobody waiting is admitted (none waits, or every seat is
-taken). For such a step `Scheduler.schedule` gives each running request one token (and a block, or a block published, where it crosses its slot limit) and
-`update_from_output` appends the token sampled. A `DecodeRun` applies a stretch of such steps whose tokens
-are known in advance (a simulator's are): the KV cache manager's own `allocate_slots` at each crossing, in
-the scheduler's order, tokens appended in bulk, counts set once. It never takes a step that could differ:
-one that reaches a request's length limit, a token that may stop a request, a step short of free blocks
-(tests/test_decode_run.py holds runs to the same steps taken one by one, under each scheduling policy).
+Where `Scheduler.decode_only()` holds, each step gives every running request one token, calls
+`allocate_slots` for a request only where the token passes its slot limit, admits nobody and appends
+the sampled token. A `DecodeRun` applies k such steps whose tokens are known in advance (a simulator's):
+`allocate_slots` at each crossing in the scheduler's order, tokens appended in bulk, counts set once. It
+never takes a step that could differ: one that reaches a request's length limit, samples a token that may
+stop it, or finds fewer free blocks than crossings (tests/test_decode_run.py holds it to the same steps
+taken one by one).
 """
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 
 from engine.core.request import Request
 from engine.core.scheduler import Scheduler
 
 
-def ready_for_decode_run(scheduler: Scheduler) -> bool:
-    """Every running request is a plain decode and nothing else waits to happen before the next step
-    (synchronous scheduling only: async steps carry placeholders). Requests may wait where the decodes
-    leave the scheduler no seat or token to admit them with: until a request finishes (which ends a run)
-    each step looks no further. Finishes still to be announced do not count: the next schedule() only
-    hands them on to the workers."""
-    running = scheduler.running
-    if (not running or scheduler.has_pending_outputs() or scheduler.has_placeholders
-            or len(running) > scheduler.max_num_scheduled_tokens):
-        return False
-    if scheduler.waiting and scheduler.can_admit(scheduler.max_num_scheduled_tokens - len(running)):
-        return False
-    for req in running:
-        if (req.num_computed_tokens != len(req.all_token_ids) - 1 or req.is_prefill_chunk
-                or req.num_in_flight_tokens or not req.output_token_ids):
-            return False
-    return True
+@dataclass(slots=True)
+class RunTimes:
+    """What the first `done` steps of a run took: their starts and ends, the three phases of each
+    (schedule, execute, sample), and the blocks held after each."""
+
+    starts: list[float] = field(default_factory=list)
+    ends: list[float] = field(default_factory=list)
+    schedule: list[float] = field(default_factory=list)
+    execute: list[float] = field(default_factory=list)
+    sample: list[float] = field(default_factory=list)
+    used: list[int] = field(default_factory=list)
+    done: int = 0
+
+    def cut(self) -> None:
+        """Drop the entries of a step interrupted halfway."""
+        for values in (self.starts, self.ends, self.schedule, self.execute, self.sample, self.used):
+            del values[self.done:]
 
 
 class DecodeRun:
@@ -71,7 +72,7 @@ class DecodeRun:
         """The run from here: at most `max_steps`, none that reaches a request's length limit (that step
         finishes it) or samples a token that may stop it (check_stop decides: that step is the loop's).
         `upcoming(requests, count)` gives the tokens each samples at its next `count` output positions.
-        None: not one step."""
+        None: not one step. Call only where `scheduler.decode_only()`."""
         steps = max_steps
         running = scheduler.running
         for req in running:
@@ -100,12 +101,11 @@ class DecodeRun:
         due = self.crossings.pop(at)
         due.sort()
         kv = self.scheduler.kv_cache_manager
-        computed0, rids = self.computed0, self.rids
-        req_blocks, block_size, slot_limit = kv.req_to_blocks, kv.block_size, kv.slot_limit
+        computed0, rids, slot_limit = self.computed0, self.rids, kv.slot_limit
+        # A decode takes at most one new block: only a pool with fewer free blocks than crossings is checked.
         num_free = kv.block_pool.free_block_queue.num_free_blocks
-        # A decode needs at most one new block: only a pool with fewer free blocks than crossings is checked.
-        if len(due) > num_free and sum(1 for i in due if computed0[i] + at + 1
-                                       > len(req_blocks[rids[i]]) * block_size) > num_free:
+        if len(due) > num_free and sum(kv.num_blocks_to_allocate(rids[i], computed0[i] + at + 1)
+                                       for i in due) > num_free:
             self.crossings[at] = due
             return False
         n = len(rids)
@@ -131,6 +131,8 @@ class DecodeRun:
         for i, req in enumerate(self.running):
             _catch_up(req, self.tokens[i], self.applied[i], done)
             req.num_computed_tokens = self.computed0[i] + done
+            if done:
+                req.is_prefill_chunk = False
 
 
 def rewind_decode_steps(requests: Iterable[Request], k: int) -> None:

@@ -36,6 +36,8 @@ class PrefixCacheStats:
 NO_PREFIX_CACHE_STATS = PrefixCacheStats()  # a step that admitted nobody: read, never written
 _NO_BLOCKS: list[KVCacheBlock] = []  # shared by callers that only read it: nothing newly allocated
 _WAITING_STATUSES = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
+# (kind, request id, block ids, hashes): kind new / hit / cache / free, hashes (hex) for cache only.
+BlockEvent = tuple[str, str, list[int], list[str] | None]
 
 
 class KVCacheManager:
@@ -60,7 +62,7 @@ class KVCacheManager:
         # filled for publishing: one lookup tells the scheduler a decode needs no allocate_slots.
         self.slot_limit: dict[str, int] = {}
         self.prefix_cache_stats = PrefixCacheStats()
-        self.events: list[tuple] | None = None
+        self.events: list[BlockEvent] | None = None
         # Why the last allocate_slots returned None: (whole-sequence check, blocks needed, blocks free).
         self.last_shortfall: tuple[bool, int, int] = (False, 0, 0)
 
@@ -82,7 +84,7 @@ class KVCacheManager:
             same = get(block_hash)
             if same is None:
                 break
-            blocks.append(same if type(same) is KVCacheBlock else next(iter(same.values())))
+            blocks.append(next(iter(same.values())) if isinstance(same, dict) else same)
         return blocks, len(blocks) * self.block_size
 
     def record_prefix_hit(self, request: Request, num_hit_tokens: int) -> None:
@@ -90,13 +92,14 @@ class KVCacheManager:
         if self.enable_caching:
             self.prefix_cache_stats.record(request.num_tokens, num_hit_tokens, request.num_preemptions > 0)
 
-    def _num_blocks_to_allocate(self, request_id: str, num_tokens: int,
-                                new_computed_blocks: list[KVCacheBlock]) -> int:
+    def num_blocks_to_allocate(self, request_id: str, num_tokens: int,
+                               new_computed_blocks: list[KVCacheBlock] = _NO_BLOCKS) -> int:
         """Blocks to take from the free queue for `num_tokens` slots: new ones, plus prefix hits that
         sit evictable in the free queue (touching them takes them out of it)."""
         held = self.req_to_blocks.get(request_id)
-        num_held = len(held) if held is not None else 0
-        num_new = max(-(-num_tokens // self.block_size) - num_held - len(new_computed_blocks), 0)
+        num_new = -(-num_tokens // self.block_size) - (len(held) if held is not None else 0) - len(new_computed_blocks)
+        if num_new < 0:
+            num_new = 0
         if not new_computed_blocks:
             return num_new
         return num_new + sum(1 for b in new_computed_blocks if b.ref_cnt == 0 and not b.is_null)
@@ -112,72 +115,44 @@ class KVCacheManager:
         (`scheduler_reserve_full_isl`): the whole current sequence must fit, not just this chunk. The
         watermark holds back blocks from waiting and preempted requests while others run.
         """
-        req_blocks = self.req_to_blocks.get(request.request_id)
-        if req_blocks is not None and not (new_computed_blocks or num_lookahead_tokens or full_sequence_must_fit):
-            return self._grow(request, req_blocks, num_new_tokens, has_scheduled_reqs)
-        hits = new_computed_blocks or _NO_BLOCKS
-        pool = self.block_pool
-        num_free = pool.get_num_free_blocks()
-        watermark = (self.watermark_blocks if has_scheduled_reqs and request.status in _WAITING_STATUSES else 0)
-        num_computed = min(request.num_computed_tokens + num_new_computed_tokens, self.max_model_len)
         rid = request.request_id
+        hits = new_computed_blocks or _NO_BLOCKS
+        num_free = self.block_pool.free_block_queue.num_free_blocks
+        watermark = self.watermark_blocks if has_scheduled_reqs and request.status in _WAITING_STATUSES else 0
+        num_computed = request.num_computed_tokens + num_new_computed_tokens
+        max_model_len = self.max_model_len
         if full_sequence_must_fit:
-            full = min(request.num_tokens, self.max_model_len)
-            if (need := self._num_blocks_to_allocate(rid, full, hits) + watermark) > num_free:
+            full = min(request.num_tokens, max_model_len)
+            if (need := self.num_blocks_to_allocate(rid, full, hits) + watermark) > num_free:
                 self.last_shortfall = (True, need, num_free)
                 return None
-        num_needed_tokens = min(num_computed + num_new_tokens + num_lookahead_tokens, self.max_model_len)
-        if (need := self._num_blocks_to_allocate(rid, num_needed_tokens, hits) + watermark) > num_free:
+        num_slots = num_computed + num_new_tokens + num_lookahead_tokens
+        if num_slots > max_model_len:
+            num_slots = max_model_len
+        if (need := self.num_blocks_to_allocate(rid, num_slots, hits) + watermark) > num_free:
             self.last_shortfall = (False, need, num_free)
             return None
+        req_blocks = self.req_to_blocks.get(rid)
         if req_blocks is None:
             req_blocks = self.req_to_blocks[rid] = []
             self.num_cached_block[rid] = 0
-        events = self.events
         if hits:
-            pool.touch(hits)
+            self.block_pool.touch(hits)
             req_blocks.extend(hits)
             self.num_cached_block[rid] = len(req_blocks)
-            if events is not None:
-                events.append(("hit", rid, [b.block_id for b in hits], None))
-        num_to_allocate = -(-num_needed_tokens // self.block_size) - len(req_blocks)
-        new_blocks = pool.get_new_blocks(num_to_allocate) if num_to_allocate > 0 else []
+            if self.events is not None:
+                self.events.append(("hit", rid, [b.block_id for b in hits], None))
+        num_to_allocate = -(-num_slots // self.block_size) - len(req_blocks)
+        new_blocks = self.block_pool.get_new_blocks(num_to_allocate) if num_to_allocate > 0 else _NO_BLOCKS
         if new_blocks:
-            req_blocks.extend(new_blocks)
-            if events is not None:
-                events.append(("new", rid, [b.block_id for b in new_blocks], None))
-        if self.enable_caching:
-            self._cache_blocks(request, req_blocks, min(num_computed + num_new_tokens, request.num_tokens))
-        self._set_slot_limit(rid, len(req_blocks))
-        return new_blocks
-
-    def _grow(self, request: Request, req_blocks: list[KVCacheBlock], num_new_tokens: int,
-              has_scheduled_reqs: bool) -> list[KVCacheBlock] | None:
-        """allocate_slots for a request that holds blocks and takes no prefix hits (any running one): the
-        general rules reduced to new blocks for its own tokens, and the blocks they fill published."""
-        rid = request.request_id
-        end = request.num_computed_tokens + num_new_tokens
-        block_size = self.block_size
-        # Conditional expressions rather than min(): on CPython 3.11 a min() call costs as much as ten of them,
-        # and this runs for every request that crosses a block boundary.
-        max_model_len = self.max_model_len
-        num_slots = end if end < max_model_len else max_model_len
-        num_to_allocate = -(-num_slots // block_size) - len(req_blocks)
-        new_blocks = _NO_BLOCKS
-        if num_to_allocate > 0:
-            watermark = self.watermark_blocks if has_scheduled_reqs and request.status in _WAITING_STATUSES else 0
-            num_free = self.block_pool.free_block_queue.num_free_blocks
-            if num_to_allocate + watermark > num_free:
-                self.last_shortfall = (False, num_to_allocate + watermark, num_free)
-                return None
-            new_blocks = self.block_pool.get_new_blocks(num_to_allocate)
             req_blocks.extend(new_blocks)
             if self.events is not None:
                 self.events.append(("new", rid, [b.block_id for b in new_blocks], None))
-            self._set_slot_limit(rid, len(req_blocks))
-        if self.enable_caching and end // block_size > self.num_cached_block[rid]:
+        end = num_computed + num_new_tokens
+        if self.enable_caching and end // self.block_size > self.num_cached_block[rid]:
             num_tokens = len(request.all_token_ids)
             self._cache_blocks(request, req_blocks, end if end < num_tokens else num_tokens)
+        self._set_slot_limit(rid, len(req_blocks))
         return new_blocks
 
     def _set_slot_limit(self, request_id: str, num_blocks: int) -> None:
@@ -211,7 +186,7 @@ class KVCacheManager:
             self._set_slot_limit(request.request_id, len(req_blocks))
             if newly and self.events is not None:
                 self.events.append(("cache", request.request_id, [b.block_id for b in newly],
-                                    [b.block_hash.hex() for b in newly]))
+                                    [h.hex() for b in newly if (h := b.block_hash) is not None]))
 
     def free(self, request: Request) -> list[int]:
         """Release a request's blocks, tail first so its prefix stays cached longest; returns their ids.

@@ -108,6 +108,16 @@ class Request:
     def num_output_tokens(self) -> int:
         return len(self.output_token_ids)
 
+    @property
+    def num_tokens_left(self) -> int:
+        """Tokens still to compute, the placeholders of steps in flight (async scheduling) included."""
+        return len(self.all_token_ids) + self.num_output_placeholders - self.num_computed_tokens
+
+    def is_decoding(self) -> bool:
+        """Its next step computes the one token after all the others, an output token: a decode."""
+        return (len(self.all_token_ids) + self.num_output_placeholders - self.num_computed_tokens == 1
+                and bool(self.num_output_placeholders or self.output_token_ids))
+
     def is_finished(self) -> bool:
         return self.status > RequestStatus.PREEMPTED
 
@@ -153,7 +163,7 @@ def check_stop(req: Request, max_model_len: int) -> bool:
             req.status = RequestStatus.FINISHED_STOPPED
             req.stop_reason = last
             return True
-    if len(req.all_token_ids) >= max_model_len or num_outputs >= req.max_tokens:
+    if len(req.all_token_ids) >= max_model_len or (req.max_tokens is not None and num_outputs >= req.max_tokens):
         req.status = RequestStatus.FINISHED_LENGTH_CAPPED
         return True
     return False
@@ -193,7 +203,7 @@ def admission_error(req: Request, max_model_len: int, block_size: int, num_usabl
     if n >= max_model_len:  # vLLM 0.32's input processor: room for at least one output token
         return (f"prompt has {n} tokens, longer than max_model_len={max_model_len} allows "
                 "(one output token must fit too)")
-    need = -(-min(n + req.max_tokens, max_model_len) // block_size)
+    need = -(-min(n + req.max_tokens if req.max_tokens is not None else max_model_len, max_model_len) // block_size)
     if need > num_usable_blocks:
         return (f"prompt {n} + max_tokens {req.max_tokens} needs {need} KV blocks of {block_size} tokens "
                 f"but the cache has {num_usable_blocks}")

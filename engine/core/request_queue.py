@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from engine.core.request import Request
 
 
-class FCFSRequestQueue(deque):
+class FCFSRequestQueue(deque[Request]):
     def add_request(self, request: Request) -> None:
         self.append(request)
 
@@ -37,7 +37,7 @@ class FCFSRequestQueue(deque):
         self.extend(kept)
 
 
-class PriorityRequestQueue(list):
+class PriorityRequestQueue(list[Request]):
     """Ordered by (priority, arrival_time, request_id); a preempted request simply re-enters the heap.
     The list is the heap; iterating yields requests in priority order."""
 

@@ -3,6 +3,9 @@ from __future__ import annotations
 
 import operator
 from dataclasses import dataclass, field
+from typing import SupportsIndex, TypeVar
+
+T = TypeVar("T")
 
 _GREEDY_EPS = 1e-5
 # vLLM's API bounds a seed to a signed 64-bit int (the range torch.Generator.manual_seed takes without
@@ -15,13 +18,12 @@ def as_int(value: object) -> int | None:
     integer here, so `True` is never taken for token id 1."""
     if isinstance(value, bool):  # numpy's bool has no __index__, so operator.index refuses it
         return None
-    try:
-        return operator.index(value)
-    except TypeError:
+    if not isinstance(value, SupportsIndex):
         return None
+    return operator.index(value)
 
 
-def _plain(value: object) -> object:
+def _plain(value: T) -> T | int:
     """numpy integers become ints; anything else is left for `verify` to judge."""
     n = as_int(value)
     return value if n is None else n

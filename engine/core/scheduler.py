@@ -12,17 +12,16 @@ tests/test_vllm_conformance.py; rules that changed across versions name vLLM's o
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from engine.core.config import CacheConfig, SchedulerConfig
 from engine.core.kv_cache_manager import KVCacheManager
-from engine.core.outputs import SchedulerStats
-from engine.core.request import Request, RequestStatus, admission_error
+from engine.core.outputs import EngineCoreOutput, EngineCoreOutputs, ModelRunnerOutput, SchedulerStats
+from engine.core.request import Request, RequestStatus, admission_error, append_output_tokens, check_stop
 from engine.core.request_queue import create_request_queue
-from engine.core.scheduler_update import SchedulerUpdate
 from engine.core.sched_output import NO_BLOCK_IDS, CachedRequestData, NewRequestData, SchedulerOutput
 
-class Scheduler(SchedulerUpdate):
+class Scheduler:
     """Decides, each step, which requests compute how many tokens; shared verbatim by engine and simulator."""
 
     has_placeholders = False  # True in AsyncScheduler: sampled tokens settle output placeholders
@@ -34,7 +33,9 @@ class Scheduler(SchedulerUpdate):
         self.scheduler_config = scheduler_config
         self.cache_config = cache_config
         self.max_num_running_reqs = scheduler_config.max_num_seqs
-        self.max_num_scheduled_tokens = scheduler_config.max_num_batched_tokens
+        if scheduler_config.max_num_batched_tokens is None:
+            raise ValueError("scheduler_config.max_num_batched_tokens: must be set (SchedulerConfig sets it)")
+        self.max_num_scheduled_tokens: int = scheduler_config.max_num_batched_tokens
         self.max_model_len = scheduler_config.max_model_len
         self.long_prefill_token_threshold = scheduler_config.long_prefill_token_threshold
         self.enable_chunked_prefill = scheduler_config.enable_chunked_prefill
@@ -106,48 +107,6 @@ class Scheduler(SchedulerUpdate):
     def _schedule_running(self, out: SchedulerOutput, budget: int, threshold: int) -> int:
         """Give each running request the tokens it has left, as far as the budget goes, preempting from
         the back of the line when a block is short; returns the budget left."""
-        start = 0
-        if not self.has_placeholders and len(self.running) <= budget:
-            start = self._schedule_decodes(out)
-            budget -= start
-            if start == len(self.running):
-                return budget
-        return self._schedule_rest(out, budget, threshold, start)
-
-    def _schedule_decodes(self, out: SchedulerOutput) -> int:
-        """Synchronous scheduling's common case, taken first: a leading run of plain decodes (one token
-        left, an output token, blocks that do not run short). The budget covers every running request,
-        so nothing here can be capped or preempted, and each gets exactly what `_schedule_rest` would
-        give it. Returns how many it scheduled; the rest goes through `_schedule_rest`."""
-        kv = self.kv_cache_manager
-        slot_limit = kv.slot_limit
-        last = self.max_model_len - 1
-        cached = out.scheduled_cached_reqs
-        run_ids, run_computed, run_block_ids = cached.req_ids, cached.num_computed_tokens, cached.new_block_ids
-        for req in self.running:
-            computed = req.num_computed_tokens
-            if len(req.all_token_ids) - computed != 1 or computed >= last or not req.output_token_ids:
-                break
-            rid = req.request_id
-            if computed < slot_limit[rid]:
-                block_ids = NO_BLOCK_IDS
-            else:
-                new_blocks = kv.allocate_slots(req, 1)
-                if new_blocks is None:
-                    break  # short of a block: _schedule_rest retries it and preempts
-                block_ids = [b.block_id for b in new_blocks] if new_blocks else NO_BLOCK_IDS
-            run_ids.append(rid)
-            run_computed.append(computed)
-            run_block_ids.append(block_ids)
-            req.num_computed_tokens = computed + 1
-            req.num_in_flight_tokens += 1
-            req.is_prefill_chunk = False
-        out.num_scheduled_tokens = dict.fromkeys(run_ids, 1)  # taken first: nothing scheduled before
-        out.decode_req_ids.update(run_ids)
-        return len(run_ids)
-
-    def _schedule_rest(self, out: SchedulerOutput, budget: int, threshold: int, start: int) -> int:
-        """The general rule for running requests from `start` on."""
         kv = self.kv_cache_manager
         running = self.running
         max_model_len = self.max_model_len
@@ -159,16 +118,17 @@ class Scheduler(SchedulerUpdate):
         run_ids, run_computed, run_block_ids = cached.req_ids, cached.num_computed_tokens, cached.new_block_ids
         decode_ids = out.decode_req_ids
         preempted = out.preempted_req_ids
-        for req in running[start:]:  # a preemption removes its victim from self.running, not from this copy
+        for req in list(running):  # a preemption removes its victim from self.running, not from this copy
             if budget <= 0:
                 break
             if preempted and req.status != RequestStatus.RUNNING:
                 continue  # preempted earlier in this step
             computed = req.num_computed_tokens
             placeholders = req.num_output_placeholders
-            if placeholders and computed + 2 - placeholders >= req.num_prompt_tokens + req.max_tokens:
+            if (placeholders and req.max_tokens is not None
+                    and computed + 2 - placeholders >= req.num_prompt_tokens + req.max_tokens):
                 continue  # async: the step in flight already reaches max_tokens
-            left = len(req.all_token_ids) + placeholders - computed
+            left = req.num_tokens_left
             n = left if left <= long_prefill_cap else long_prefill_cap
             if n > budget:
                 n = budget
@@ -200,8 +160,7 @@ class Scheduler(SchedulerUpdate):
             run_computed.append(computed)
             run_block_ids.append(block_ids)
             num_scheduled[rid] = n
-            # A decode computes the one token after everything computed so far, and it is an output token.
-            if left == 1 and (placeholders or req.output_token_ids):
+            if left == 1 and req.is_decoding():
                 decode_ids.add(rid)
             req.num_computed_tokens = end
             req.num_in_flight_tokens += n
@@ -317,6 +276,120 @@ class Scheduler(SchedulerUpdate):
         self.waiting.prepend_request(request)
         return freed
 
+    # ---- after the model ran -----------------------------------------------------------------
+    def update_from_output(self, scheduler_output: SchedulerOutput,
+                           model_runner_output: ModelRunnerOutput) -> EngineCoreOutputs:
+        """Append sampled tokens, apply the stop rules, free finished requests, report per request."""
+        now = self.clock()
+        outputs: list[EngineCoreOutput] = []
+        logprobs = model_runner_output.logprobs
+        stopped_running: set[Request] = set()
+        stopped_waiting: set[Request] = set()
+        requests = self.requests
+        max_model_len = self.max_model_len
+        has_placeholders = self.has_placeholders
+        num_scheduled = scheduler_output.num_scheduled_tokens
+        # Walk the requests in the scheduler's own order, not the runner's batch order, so that finishes
+        # (and so the free queue) never depend on how a runner arranges its batch. Runners that keep the
+        # scheduler's order (the simulator's) skip the reordering.
+        sampled: list[list[int]] | list[list[int] | None] = model_runner_output.sampled_token_ids
+        if model_runner_output.req_ids != list(num_scheduled):
+            by_id = dict(zip(model_runner_output.req_ids, sampled))
+            sampled = [by_id.get(req_id) for req_id in num_scheduled]
+        for (req_id, num_tokens), new_ids in zip(num_scheduled.items(), sampled):
+            try:
+                req = requests[req_id]
+            except KeyError:
+                continue  # finished (or aborted) while this step was in flight
+            req.num_in_flight_tokens -= num_tokens
+            if req.num_stale_output_tokens:
+                req.num_stale_output_tokens -= num_tokens
+                stale = True
+            else:
+                stale = False
+            if not new_ids:
+                continue
+            status_before = req.status
+            if req.first_token_time is None:
+                req.first_token_time = now
+            if len(new_ids) == 1:  # the common case, inline: one token, which most often stops nothing
+                tok = new_ids[0]
+                req.output_token_ids.append(tok)
+                all_ids = req.all_token_ids
+                all_ids.append(tok)
+                # Its block hashes follow when they are read (KVCacheManager hashes a request's filled
+                # blocks before it publishes or looks them up), not here for every token.
+                done = ((len(all_ids) >= req.num_tokens_limit or tok in req.stop_token_set)
+                        and check_stop(req, max_model_len))
+            else:
+                new_ids, done = append_output_tokens(req, new_ids, max_model_len)
+            if has_placeholders:
+                self._settle_placeholders(req, len(new_ids), stale, status_before)
+            # num_cached_tokens is set (>= 0) when a request is first admitted, before it can sample.
+            out = EngineCoreOutput(req_id, new_ids, None, None, req.num_cached_tokens)
+            if logprobs:
+                out.new_logprobs = logprobs.get(req_id)
+            if done:
+                (stopped_running if status_before == RequestStatus.RUNNING else stopped_waiting).add(req)
+                out.finish_reason = req.get_finish_reason()
+                out.stop_reason = req.stop_reason
+                out.freed_block_ids = self._finish(req, now)
+            outputs.append(out)
+        if stopped_running:
+            self.running = [r for r in self.running if r not in stopped_running]
+        if stopped_waiting:
+            self.waiting.remove_requests(stopped_waiting)
+        if self._rejected:
+            for req in self._rejected:
+                outputs.append(EngineCoreOutput(req.request_id, [], finish_reason="error", stop_reason=req.error))
+            self._rejected.clear()
+        return EngineCoreOutputs(outputs, self.make_stats())
+
+    def _settle_placeholders(self, req: Request, num_new: int, stale: bool, status_before: RequestStatus) -> None:
+        """Async scheduling only (see AsyncScheduler): sampled tokens replace output placeholders."""
+
+    def _finish(self, req: Request, now: float) -> list[int]:
+        req.finished_time = now
+        del self.requests[req.request_id]
+        self.finished_req_ids.add(req.request_id)
+        return self.kv_cache_manager.free(req)
+
+    def finish_requests(self, request_ids: Iterable[str], status: RequestStatus,
+                        stop_reason: int | str | None = None) -> dict[str, list[int]]:
+        """End requests from outside (abort, stop string found by the output processor); returns the
+        block ids each one gave back."""
+        now = self.clock()
+        ended = [r for rid in request_ids if (r := self.requests.get(rid)) is not None]
+        if not ended:
+            return {}
+        ended_set = set(ended)
+        self.running = [r for r in self.running if r not in ended_set]
+        self.waiting.remove_requests(ended_set)
+        freed = {}
+        for req in ended:
+            req.status = status
+            if stop_reason is not None:
+                req.stop_reason = stop_reason
+            freed[req.request_id] = self._finish(req, now)
+        return freed
+
+    def decode_only(self) -> bool:
+        """Synchronous scheduling, between steps, where the next steps are decode steps alone: every
+        running request decodes (`Request.is_decoding`) with nothing in flight, no rejection waits to be
+        reported, and the waiting queue is not looked at (no seat or token left once every running
+        request has its one). Until a request finishes, `schedule` then gives each its one token and
+        admits nobody; `engine.core.decode_run` takes such steps in closed form."""
+        running = self.running
+        if (not running or self._rejected or self.has_placeholders
+                or len(running) > self.max_num_scheduled_tokens):
+            return False
+        if self.waiting and self.can_admit(self.max_num_scheduled_tokens - len(running)):
+            return False
+        for req in running:
+            if req.num_in_flight_tokens or not req.is_decoding():
+                return False
+        return True
+
     # ---- introspection -------------------------------------------------------------------------
     def get_num_unfinished_requests(self) -> int:
         return len(self.waiting) + len(self.running)
@@ -337,9 +410,6 @@ class Scheduler(SchedulerUpdate):
         return self.kv_cache_manager.reset_prefix_cache()
 
     def make_stats(self) -> SchedulerStats:
-        """Built every step: the KV usage is `kv.usage` read without its two property calls."""
         kv = self.kv_cache_manager
-        pool = kv.block_pool
-        usage = 1.0 - pool.free_block_queue.num_free_blocks / (pool.num_blocks - 1)
-        return SchedulerStats(len(self.running), len(self.waiting), usage, self._num_preempted_last_step,
-                              kv.make_prefix_cache_stats())
+        return SchedulerStats(len(self.running), len(self.waiting), kv.block_pool.get_usage(),
+                              self._num_preempted_last_step, kv.make_prefix_cache_stats())

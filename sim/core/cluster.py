@@ -7,7 +7,7 @@ time) or a time some replica waits for (a step's end: `update_from_output` runs 
 freed blocks appear at the step's end; or a recorded step start, an idle engine's wake-up). A replica
 adds what was routed to it at the start of its next step, as the engine adds arrivals. `sim replay` is
 this loop with one replica (sim.core.simulator). Decode-only stretches advance as runs
-(sim.core.cluster_runs), one event each.
+(sim.core.decode_runs), one event each.
 
 Trace (optional). One replica writes the engine's format. Several write one directory for the whole
 cluster, the usual tables plus a `replica` column on every row: `step` numbers are cluster-wide (unique,
@@ -29,7 +29,10 @@ from typing import Any, Protocol
 import pandas as pd
 
 from engine.core.config import CacheConfig, SchedulerConfig
+from engine.core.outputs import EngineCoreOutputs
 from engine.core.request import Request
+from engine.core.sched_output import SchedulerOutput
+from engine.core.step_cycle import StepCost, StepTimes
 from sim.core.headroom import Headroom, HeadroomReport
 from sim.core.replica import Replica
 from sim.core.routers import Router, make_router
@@ -37,7 +40,7 @@ from sim.core.sources import SimRequest, make_request
 from sim.core.stepping import SimulationError, fewer_collections
 from sim.cost_models.base import CostModel
 from traces.recorder import TraceRecorder
-from traces.runs import GridSpec, RunSpec
+from traces.runs import GridSpec, RunEntry, RunSpec
 from traces.writer import TraceWriter
 
 REPLICA_COLUMN = "replica"
@@ -61,10 +64,10 @@ class _ReplicaWriter:
     def buffer(self, table: str) -> dict[str, list[Any]]:
         return self.writer.buffer(table)
 
-    def row_buffer(self, table: str) -> list[tuple]:
+    def row_buffer(self, table: str) -> list[tuple[object, ...]]:
         return self.writer.row_buffer(table)
 
-    def run_buffer(self, table: str, spec: RunSpec | GridSpec) -> list[tuple] | None:
+    def run_buffer(self, table: str, spec: RunSpec | GridSpec) -> list[RunEntry] | None:
         """None: a run's rows would carry no replica stamp, so the recorder appends them row by row."""
         return None
 
@@ -86,14 +89,32 @@ class _ReplicaWriter:
             if missing > 0:
                 stamp.extend([self.index] * missing)
 
-    def flush(self) -> None:
+    def flush(self, steps: int = 1) -> None:
         self._stamp()
-        self.writer.flush()
+        self.writer.flush(steps)
 
     def close(self, compact: bool = True, **final_meta: Any) -> None:
         """The cluster closes the shared writer once, after every replica; the rows this replica's
         recorder wrote at its close still get their stamp."""
         self._stamp()
+
+
+class _NumberedAcross:
+    """A replica's recorder in a trace of several replicas: its steps are numbered cluster-wide, in the
+    order they end (the steps every replica finished before)."""
+
+    def __init__(self, recorder: TraceRecorder[Request], cluster: Cluster) -> None:
+        self.recorder, self.cluster = recorder, cluster
+
+    def on_add(self, request: Request) -> None:
+        self.recorder.on_add(request)
+
+    def on_abort(self, freed: dict[str, list[int]]) -> list[Request]:
+        return self.recorder.on_abort(freed)
+
+    def on_step(self, step: int, so: SchedulerOutput, outputs: EngineCoreOutputs, times: StepTimes,
+                cost: StepCost | None = None) -> list[Request]:
+        return self.recorder.on_step(self.cluster.num_steps, so, outputs, times, cost)
 
 
 class RunWatch(Protocol):
@@ -138,7 +159,6 @@ class Cluster:
         if follow_recorded and num_replicas > 1:
             raise ValueError("a recorded replay follows one engine's steps: it runs on one replica")
         self.now = 0.0
-        self.num_steps = 0
         self.num_added = 0
         self.next_arrival: float | None = None
         self.watch: RunWatch | None = None
@@ -160,13 +180,14 @@ class Cluster:
         # Several replicas number their steps cluster-wide, in the order they end; one numbers its own.
         self.numbers_steps = self.trace_dir is not None and num_replicas > 1
         if self.trace_dir is not None:
-            self._open_trace(scheduler_config, cache_config, meta, seed, trace_level, overwrite, snapshot_every, flush_every)
+            self._open_trace(self.trace_dir, scheduler_config, cache_config, meta, seed, trace_level, overwrite,
+                             snapshot_every, flush_every)
         runs = decode_runs and not scheduler_config.async_scheduling and step_start is None
         if runs and not self.numbers_steps:
             for r in self.replicas:
                 r.take_runs()
 
-    def _open_trace(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig, meta: dict[str, Any] | None,
+    def _open_trace(self, trace_dir: Path, scheduler_config: SchedulerConfig, cache_config: CacheConfig, meta: dict[str, Any] | None,
                     seed: int, trace_level: str, overwrite: bool, snapshot_every: int | None,
                     flush_every: int) -> None:
         cost_model = self.cost_model
@@ -174,24 +195,30 @@ class Cluster:
                 "seed": seed}
         full.setdefault("config", {}).update({"scheduler": scheduler_config.to_dict(), "cache": cache_config.to_dict()})
         if not self.numbers_steps:
-            self.writer = TraceWriter(self.trace_dir, full, flush_every=flush_every, overwrite=overwrite)
+            self.writer = TraceWriter(trace_dir, full, flush_every=flush_every, overwrite=overwrite)
             # A snapshot lists every held or cached block, up to the whole pool: space them out in proportion
             # to the pool so they add at most half a row per step (the engine's 1024 is for small pools).
-            every = snapshot_every or max(1024, 2 * cache_config.num_gpu_blocks)
             r = self.replicas[0]
-            r.attach(TraceRecorder(self.writer, r.scheduler, snapshot_every=every, trace_level=trace_level))
+            every = snapshot_every or max(1024, 2 * r.scheduler.kv_cache_manager.block_pool.num_blocks)
+            r.attach(TraceRecorder[Request](self.writer, r.scheduler, snapshot_every=every, trace_level=trace_level))
             return
         full["cluster"] = {"replicas": len(self.replicas), "router": self.router.name, "replica_column": REPLICA_COLUMN,
                            "kv_blocks_per_replica": cache_config.num_gpu_blocks}
-        self.writer = TraceWriter(self.trace_dir, full, flush_every=flush_every, extra_int_columns=(REPLICA_COLUMN,),
+        self.writer = TraceWriter(trace_dir, full, flush_every=flush_every, extra_int_columns=(REPLICA_COLUMN,),
                                   overwrite=overwrite)
         for r in self.replicas:
             # Cluster-wide step numbers would make per-replica snapshots land at random steps: keep only step 0's.
-            r.attach(TraceRecorder(_ReplicaWriter(self.writer, r.index), r.scheduler, snapshot_every=1 << 62,
-                                   trace_level=trace_level))
+            recorder = TraceRecorder[Request](_ReplicaWriter(self.writer, r.index), r.scheduler, snapshot_every=1 << 62,
+                                     trace_level=trace_level)
+            r.attach(recorder, _NumberedAcross(recorder, self))
 
     def clock(self) -> float:
         return self.now
+
+    @property
+    def num_steps(self) -> int:
+        """Steps taken by every replica (each replica's step cycle counts its own)."""
+        return sum(r.cycle.num_steps for r in self.replicas)
 
     def release(self) -> None:
         """Free the run's replicas now (`Replica.release`), its result read: a capacity plan simulates
@@ -239,27 +266,28 @@ class Cluster:
                     self._bar.close()
                 wall = time.perf_counter() - wall0
                 self._close_trace(wall, interrupted)
-        steps = self.replicas[0].recorder.step if self.writer is not None and not self.numbers_steps else self.num_steps
-        return ClusterResult(requests=self.request_table(), num_steps=steps, sim_time=self.now, trace_dir=self.trace_dir,
+        return ClusterResult(requests=self.request_table(), num_steps=self.num_steps, sim_time=self.now, trace_dir=self.trace_dir,
                              stopped=self.stopped, num_requests=self.num_added, wall_time=wall, interrupted=interrupted,
                              headroom=self._headroom())
 
     def _headroom(self) -> HeadroomReport | None:
-        if self.replicas[0].headroom is None:
+        watched = [r.headroom for r in self.replicas if r.headroom is not None]
+        if not watched:
             return None
         report = HeadroomReport()
-        for r in self.replicas:
-            report.merge(r.headroom.report)
+        for headroom in watched:
+            report.merge(headroom.report)
         return report
 
     def _close_trace(self, wall: float, interrupted: bool) -> None:
         if self.writer is None:
             return
+        recorders = [r.recorder for r in self.replicas if r.recorder is not None]
         if not self.numbers_steps:
-            self.replicas[0].recorder.close(sim_time=self.now, wall_time=wall, interrupted=interrupted)
+            recorders[0].close(sim_time=self.now, wall_time=wall, interrupted=interrupted)
             return
-        for r in self.replicas:
-            r.recorder.close()
+        for recorder in recorders:
+            recorder.close()
         self.writer.close(num_steps=self.num_steps, sim_time=self.now, wall_time=wall, interrupted=interrupted)
 
     def _loop(self, stream: Iterator[SimRequest]) -> None:
@@ -280,11 +308,12 @@ class Cluster:
             t_end = events[0][0] if events else inf
             t = t_arrival if t_arrival < t_end else t_end
             if self.stopped:  # the steps of runs that end after now had not ended step by step: take them back
-                self.num_steps -= sum(r.runs.rewind(self.now) for r in replicas if r.runs is not None)
+                for r in replicas:
+                    r.rewind(self.now)
                 return
             if t == inf:
                 break
-            if next_look <= t:  # the watch's look at requests in flight, on its own clock: runs or not, the same
+            if next_look <= t and watch is not None and interval is not None:  # the watch's look at requests in flight, on its own clock: runs or not, the same
                 self.now = next_look
                 self.stopped |= watch.in_flight(next_look, (q for r in replicas for q in r.live.values()))
                 next_look += interval
@@ -331,7 +360,7 @@ class Cluster:
     @staticmethod
     def _resume(r: Replica, t: float | None, events: list[tuple[float, int]]) -> None:
         """Let a replica's policy go on at `t` until it waits again: for a time (an event), or for a request."""
-        wait = r.policy.send(t)
+        wait = next(r.policy) if t is None else r.policy.send(t)
         if wait is not None:
             heapq.heappush(events, (wait, r.index))
 

@@ -1,69 +1,89 @@
-"""Runs of decode-only steps on the simulated clock: `engine.core.decode_run` applies a stretch of
-decode-only steps to the scheduler, and this times them and records them at once
-(`TraceRecorder.on_decode_run`: its decision rows as one entry of the writer's row runs, `traces.runs`).
-A run also stops before a step that starts at or after the next arrival. So block ids, hashes, times and
-every trace table equal the step-by-step loop's (tests/test_decode_runs.py replays workloads both ways and
-compares them).
+"""Decode runs on the simulated clock: `engine.core.decode_run` applies a stretch of decode-only steps to
+the scheduler in closed form, and this times them and hands them to the recorder at once. A run stops
+before a step that starts at or after the next arrival, so block ids, hashes, times and every trace table
+equal the step-by-step loop's (tests/test_decode_runs.py, tests/test_cluster_runs.py).
 
-A cost model with `decode_step_times` (the roofline) times a run's steps in one call; the run then
-stops only at its block crossings and snapshots, not at every step. Others are asked step by step, as
-the loop would ask them (a calibrated model counts each step and may draw its scatter step by step).
+A cost model whose `decode_step_times` answers times a run's steps in one call; the run then visits only
+its block crossings and snapshots. Others are asked step by step, as the loop would ask them.
+
+In a cluster, replicas touch one another only through the router and the SLO watch. The router reads a
+replica when a request arrives, and a run stops before the next arrival anywhere; decode steps add and
+free no request, so what it reads mid-run is what it reads step by step. The watch may stop the cluster
+at a request that ends on another replica in the middle of a run: `rewind` then takes back the run's
+steps that end after the stop (their tokens and counts, which the results read; the blocks stay held,
+since the stopped cluster steps no further). A cluster whose trace numbers steps cluster-wide takes no
+runs: their steps would interleave with other replicas'.
 """
 from __future__ import annotations
 
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from itertools import accumulate
+from typing import Protocol
 
-from engine.core.decode_run import DecodeRun, ready_for_decode_run
+from engine.core.decode_run import DecodeRun, RunTimes, rewind_decode_steps
 from engine.core.scheduler import Scheduler
 from sim.cost_models.batch import StepBatch
 from sim.cost_models.base import CostModel, DecodeStepTimes
 from sim.core.runner import FakeModelRunner
-from traces.recorder import TraceRecorder
 
 # Steps looked ahead per run: tokens are drawn for this many steps before the run can tell where it ends.
 MAX_RUN = 64
 
 
-class _Times:
-    """What the first `done` steps of a run took: their starts, ends and phases, and the blocks held after
-    each (a step interrupted halfway may have some of its entries: they are dropped)."""
+class RunRecorder(Protocol):
+    """What a decode run tells the trace (traces.recorder.TraceRecorder), or a `RunLog` without one."""
 
-    __slots__ = ("starts", "ends", "phases", "used", "done")
+    snapshot_every: int
+
+    def is_between_steps(self) -> bool: ...
+
+    def on_decode_step_blocks(self, step: int) -> None: ...
+
+    def on_decode_run(self, step: int, run: DecodeRun, times: RunTimes) -> None: ...
+
+
+class RunLog:
+    """The recorder of a replica that writes no trace: keeps the last run's requests and step ends, all
+    that a rewind needs."""
+
+    snapshot_every = 1 << 62  # no block snapshots without a trace
 
     def __init__(self) -> None:
-        self.starts: list[float] = []
+        self.rids: list[str] = []
         self.ends: list[float] = []
-        self.phases: tuple[list[float], list[float], list[float]] = ([], [], [])
-        self.used: list[int] = []
-        self.done = 0
 
-    def cut(self) -> None:
-        for values in (self.starts, self.ends, *self.phases, self.used):
-            del values[self.done:]
+    def is_between_steps(self) -> bool:
+        return True
+
+    def on_decode_step_blocks(self, step: int) -> None:
+        pass
+
+    def on_decode_run(self, step: int, run: DecodeRun, times: RunTimes) -> None:
+        self.rids, self.ends = run.rids, times.ends
 
 
 class DecodeRuns:
-    """Advances the synchronous simulator through decode-only runs; `advance` returns the steps taken."""
+    """Advances one synchronous replica through decode-only runs: `advance` returns the steps taken."""
 
-    def __init__(self, scheduler: Scheduler, runner: FakeModelRunner, recorder: TraceRecorder,
-                 cost_model: CostModel) -> None:
+    def __init__(self, scheduler: Scheduler, runner: FakeModelRunner, cost_model: CostModel,
+                 recorder: RunRecorder | None = None) -> None:
         self.scheduler = scheduler
         self.kv = scheduler.kv_cache_manager
         self.runner = runner
+        self.log: RunLog | None = None
+        if recorder is None:
+            recorder = self.log = RunLog()
         self.recorder = recorder
         self.cost_model = cost_model
-        self.num_runs_at_once = 0  # runs whose steps the cost model timed in one call
-        self.num_steps = 0  # steps taken in runs, of the whole replay
+        self.num_runs_at_once = 0  # statistics: runs the cost model timed in one call, steps taken in runs
+        self.num_steps = 0
         self._last_step = 0.0  # seconds of the last step of the last run
-
-    def ready(self) -> bool:
-        """The scheduler is in a decode-only stretch and the recorder between steps."""
-        return ready_for_decode_run(self.scheduler) and self.recorder.is_between_steps()
 
     def advance(self, now: float, step: int, next_arrival: float | None, max_steps: int = MAX_RUN) -> tuple[int, float]:
         """Run decode steps from `now` (step index `step`) while no arrival is due at a step's start;
-        returns (steps taken, the clock after the last). Call only when `ready()`."""
+        returns (steps taken, the clock after the last): (0, now) outside a decode-only stretch."""
+        if not (self.scheduler.decode_only() and self.recorder.is_between_steps()):
+            return 0, now
         if next_arrival is not None and self._last_step > 0:
             # Tokens are drawn for the steps up to about the next arrival, not all max_steps of them: a
             # shorter guess costs one more call, drawing past the arrival is wasted work.
@@ -71,7 +91,7 @@ class DecodeRuns:
         run = DecodeRun.plan(self.scheduler, max_steps, self.runner.upcoming)
         if run is None:
             return 0, now
-        times = _Times()
+        times = RunTimes()
         try:
             n = len(run.rids)
             timings = self.cost_model.decode_step_times(n, n + sum(run.computed0), run.steps)
@@ -87,9 +107,21 @@ class DecodeRuns:
             done = times.done
             self.num_steps += done
             run.end(done)
-            self.recorder.on_decode_run(run.rids, run.computed0, times.starts, times.ends, times.phases, times.used,
-                                        run.gained, run.num_waiting, run.admission_stop)
+            self.recorder.on_decode_run(step, run, times)
         return done, now
+
+    def rewind(self, t: float) -> int:
+        """Take back the last run's steps that end after `t` from its requests; returns how many (a run
+        recorded into a trace is not taken back: a traced run is never stopped by a watch)."""
+        if self.log is None:
+            return 0
+        ends = self.log.ends
+        k = len(ends) - bisect_right(ends, t)
+        if k:
+            requests = self.scheduler.requests
+            rewind_decode_steps((requests[rid] for rid in self.log.rids), k)
+            self.log.ends = ends[:-k]
+        return k
 
     def _cross(self, run: DecodeRun, at: int, step: int) -> bool:
         """Step `at`'s block crossings, and their block events recorded; False where the pool is short."""
@@ -98,15 +130,14 @@ class DecodeRuns:
         self.recorder.on_decode_step_blocks(step + at)
         return True
 
-    def _time_each(self, run: DecodeRun, times: _Times, now: float, step: int, next_arrival: float | None) -> float:
+    def _time_each(self, run: DecodeRun, times: RunTimes, now: float, step: int, next_arrival: float | None) -> float:
         """Take the run's steps one at a time, asking the cost model for each; returns the clock after."""
         n, context0 = len(run.rids), len(run.rids) + sum(run.computed0)
         low0, high0 = min(run.computed0) + 1, max(run.computed0) + 1
-        free_blocks = self.kv.block_pool.free_block_queue
-        num_usable = self.kv.block_pool.num_usable_blocks
+        pool = self.kv.block_pool
         recorder, step_time = self.recorder, self.cost_model.step_time
         starts, ends, used = times.starts, times.ends, times.used
-        schedule_times, execute_times, sample_times = times.phases
+        schedule_times, execute_times, sample_times = times.schedule, times.execute, times.sample
         done = 0
         while done < run.steps:
             if next_arrival is not None and next_arrival <= now:
@@ -124,12 +155,12 @@ class DecodeRuns:
             schedule_times.append(0.0)  # the phases as CycleRecorder writes them
             execute_times.append(timing.device)
             sample_times.append(timing.host)
-            used.append(num_usable - free_blocks.num_free_blocks)
+            used.append(pool.get_num_used_blocks())
             done += 1
             times.done = done
         return now
 
-    def _time_at_once(self, run: DecodeRun, times: _Times, now: float, step: int, next_arrival: float | None,
+    def _time_at_once(self, run: DecodeRun, times: RunTimes, now: float, step: int, next_arrival: float | None,
                       timings: DecodeStepTimes) -> float:
         """Time every step the run may take in one call, cut it at the first step that starts at or after
         the next arrival, then visit only its block crossings and snapshots, in step order; returns the
@@ -141,7 +172,7 @@ class DecodeRuns:
         pool = self.kv.block_pool
         every = self.recorder.snapshot_every
         used = times.used
-        held = pool.num_usable_blocks - pool.free_block_queue.num_free_blocks
+        held = pool.get_num_used_blocks()
         j = 0
         try:
             while True:
@@ -159,7 +190,7 @@ class DecodeRuns:
                 else:
                     self.recorder.on_decode_step_blocks(step + at)
                 used.extend([held] * (at - len(used)))  # the steps before it hold what the last event left
-                held = pool.num_usable_blocks - pool.free_block_queue.num_free_blocks
+                held = pool.get_num_used_blocks()
                 j = at + 1
         except BaseException:  # interrupted (Ctrl-C): the run ends after the last event visited whole
             bound = j
@@ -168,6 +199,6 @@ class DecodeRuns:
             used.extend([held] * (bound - len(used)))
             del used[bound:]
             times.starts, times.ends = clock[:bound], clock[1:bound + 1]
-            times.phases = ([0.0] * bound, timings.device[:bound], [timings.host] * bound)
+            times.schedule, times.execute, times.sample = [0.0] * bound, timings.device[:bound], [timings.host] * bound
             times.done = bound
         return clock[bound]

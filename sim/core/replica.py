@@ -23,13 +23,12 @@ from engine.core.config import CacheConfig, SchedulerConfig
 from engine.core.outputs import EngineCoreOutputs
 from engine.core.request import Request, RequestStatus
 from engine.core.sched_output import SchedulerOutput
-from engine.core.step_cycle import StepCycle
-from sim.core.cluster_runs import ReplicaRuns
-from sim.core.decode_runs import MAX_RUN
+from engine.core.step_cycle import StepCycle, StepRecorder
+from sim.core.decode_runs import MAX_RUN, DecodeRuns
 from sim.core.headroom import Headroom
 from sim.core.runner import FakeModelRunner
 from sim.core.sources import SimRequest
-from sim.core.stepping import CycleRecorder, launch
+from sim.core.stepping import launch
 from sim.cost_models.base import CostModel
 from sim.cost_models.intake import Intake
 from traces.recorder import TraceRecorder
@@ -45,9 +44,7 @@ class Loop(Protocol):
 
     now: float  # the loop's clock: the time of the event being handled
     next_arrival: float | None  # the next arrival not yet routed
-    num_steps: int
     num_added: int
-    numbers_steps: bool  # the loop numbers steps across replicas (a trace of several)
     cost_model: CostModel
 
     def ended(self, req: Request) -> None: ...
@@ -74,11 +71,9 @@ class Replica:
         self.added: list[Request] | None = [] if keep_requests else None
         self.live: dict[str, Request] = {}
         self.external: dict[int, list[tuple[str, str]]] = {}
-        self.recorder: TraceRecorder | None = None
-        self.cycle_recorder: CycleRecorder | None = None
-        self.runs: ReplicaRuns | None = None
+        self.recorder: TraceRecorder[Request] | None = None
+        self.runs: DecodeRuns | None = None
         self.headroom: Headroom | None = None
-        self.num_steps = 0
         self.stepping = False  # the time it waits for ends a step: the cluster applies it with `finish_step`
         self.idle = False  # waiting for a routed request
         self.last: tuple[SchedulerOutput, EngineCoreOutputs] | None = None
@@ -96,17 +91,26 @@ class Replica:
         self.scheduler.kv_cache_manager.block_pool.release()
         vars(self).clear()
 
-    def attach(self, recorder: TraceRecorder) -> None:
-        """Record this replica's steps (its cycle's recorder times each step by the cost model's split),
-        its decode runs included."""
+    @property
+    def num_steps(self) -> int:
+        return self.cycle.num_steps
+
+    def attach(self, recorder: TraceRecorder[Request], step_recorder: StepRecorder | None = None) -> None:
+        """Record this replica's steps (through `step_recorder` where the loop numbers them, else
+        straight), its decode runs included."""
         self.recorder = recorder
-        self.cycle.recorder = self.cycle_recorder = CycleRecorder(recorder)
+        self.cycle.recorder = step_recorder or recorder
         if self.runs is not None:
             self.take_runs()
 
     def take_runs(self) -> None:
-        """Advance decode-only stretches as runs (sim.core.cluster_runs), recorded where this replica records."""
-        self.runs = ReplicaRuns(self.scheduler, self.runner, self.cluster.cost_model, self.recorder)
+        """Advance decode-only stretches as runs (sim.core.decode_runs), recorded where this replica records."""
+        self.runs = DecodeRuns(self.scheduler, self.runner, self.cluster.cost_model, self.recorder)
+
+    def rewind(self, t: float) -> None:
+        """Take back the steps of the last decode run that end after `t` (a watch stopped the cluster)."""
+        if self.runs is not None:
+            self.cycle.count_decode_run(-self.runs.rewind(t))
 
     # ---- what a router reads ----
     @property
@@ -167,12 +171,8 @@ class Replica:
         """The step's end: apply its outputs, record it, and let the runner forget what ended."""
         self.stepping = False
         cluster = self.cluster
-        if self.recorder is not None and cluster.numbers_steps:
-            self.recorder.step = cluster.num_steps
         self.last = self.cycle.finish()
         outputs = self.last[1]
-        cluster.num_steps += 1
-        self.num_steps += 1
         forget, live, headroom = self.runner.forget, self.live, self.headroom
         for out in outputs.outputs:
             if out.finish_reason is not None:
@@ -195,7 +195,7 @@ class Replica:
         per_request = intake.per_request_s if intake is not None else 0.0
         woke, cold = False, 0.0
         while True:
-            step = self.num_steps
+            step = cycle.num_steps
             if external and step in external:
                 self.finish_external(external.pop(step))
             start = self.now
@@ -226,17 +226,15 @@ class Replica:
                 done, end = self.runs.advance(start, step, cluster.next_arrival, self._run_limit(step))
                 if done:
                     self.now = end
-                    self.num_steps += done
                     cycle.count_decode_run(done)
-                    cluster.num_steps += done
                     continue
-            so, timing = launch(cycle, cluster.cost_model, step, self.cycle_recorder)
+            so, timing = launch(cycle, cluster.cost_model, step)
             if self.headroom is not None:
                 self.headroom.scheduled(so, sched.requests, len(sched.running))
             self.now = start + timing.total
             self.stepping = True
             yield self.now
-            so, outputs = self.last
+            so, outputs = self._last_step()
             if cycle.did_nothing(so, outputs) and not (step_start is not None and step_start(step + 1) is not None):
                 # Nothing ran and nothing can until a request arrives here: wait for one.
                 self.now = max(self.now, (yield from self._next_request()))
@@ -265,7 +263,7 @@ class Replica:
             self._take_inbox()
             self.now, cold = self.now + cold, 0.0
             if cycle.has_work():
-                so, timing = launch(cycle, cluster.cost_model, launched, self.cycle_recorder)
+                so, timing = launch(cycle, cluster.cost_model, launched)
                 if self.headroom is not None:
                     self.headroom.scheduled(so, self.scheduler.requests, len(self.scheduler.running))
                 device_free = max(self.now, device_free) + timing.total
@@ -282,9 +280,15 @@ class Replica:
             self.now = max(self.now, ends.popleft())
             self.stepping = True
             yield self.now
-            so, outputs = self.last
+            so, outputs = self._last_step()
             if cycle.has_work() and cycle.did_nothing(so, outputs):
                 self.now = max(self.now, (yield from self._next_request()))
+
+    def _last_step(self) -> tuple[SchedulerOutput, EngineCoreOutputs]:
+        """The step `finish_step` applied, which the policy waited for."""
+        if self.last is None:
+            raise RuntimeError(f"replica {self.index}: resumed at a step's end before the step was applied")
+        return self.last
 
     def _next_request(self) -> Generator[Wait, float, float]:
         """When the next request routed here arrived: one already in the inbox, else wait for one."""

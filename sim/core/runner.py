@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import zlib
 from collections import deque
+from typing import TypeVar
 
 import numpy as np
 
@@ -57,45 +58,37 @@ class FakeModelRunner:
         decode run's). Without recorded tokens, one numpy expression for the whole batch where it is
         large enough to pay for itself: positions stay far below 2**31, so nothing overflows int64."""
         if self._recorded or len(requests) * count < _BATCHED_TOKENS:
-            return [self._upcoming(r.request_id, len(r.output_token_ids), count) for r in requests]
+            token_at = self.token_at
+            return [[token_at(rid, pos) for pos in range(first, first + count)]
+                    for rid, first in ((r.request_id, len(r.output_token_ids)) for r in requests)]
         base = self._base
         n = len(requests)
         bases = np.fromiter((base[r.request_id] for r in requests), np.int64, n)
         firsts = np.fromiter((len(r.output_token_ids) for r in requests), np.int64, n)
         positions = firsts[:, None] + np.arange(count, dtype=np.int64)
-        return ((bases[:, None] + positions * _MULTIPLIER) % self.span + FIRST_TOKEN_ID).tolist()
+        return _token(bases[:, None], positions, self.span).tolist()
 
-    def _upcoming(self, request_id: str, first_pos: int, count: int) -> list[int]:
+    def token_at(self, request_id: str, position: int) -> int:
+        """The token a request samples at an output position: its recorded one, else the seed's."""
         rec = self._recorded.get(request_id)
-        tokens = rec[first_pos:first_pos + count] if rec is not None else []
-        base, span = self._base[request_id], self.span
-        tokens += [FIRST_TOKEN_ID + (base + pos * _MULTIPLIER) % span
-                   for pos in range(first_pos + len(tokens), first_pos + count)]
-        return tokens
+        if rec is not None and position < len(rec):
+            return rec[position]
+        return _token(self._base[request_id], position, self.span)
 
     def execute(self, so: SchedulerOutput, requests: dict[str, Request]) -> ModelRunnerOutput:
-        """One token for each request whose prompt is now computed (its recorded one when known), none
-        for a partial prefill; the scheduler applies them in its own order, so row order is free."""
+        """One token for each request whose prompt is now computed, none for a partial prefill; the
+        scheduler applies them in its own order, so row order is free. Under async scheduling the
+        computed count already includes the placeholders of steps in flight."""
         ids = list(so.num_scheduled_tokens)
-        base, span = self._base, self.span
-        recorded = self._recorded
-        if not recorded:  # a generated workload: every token comes from the hash, one comprehension
-            return ModelRunnerOutput(ids, [
-                _NOTHING if (req := requests[rid]).is_prefill_chunk
-                else [FIRST_TOKEN_ID + (base[rid] + (req.num_computed_tokens - len(req.prompt_token_ids))
-                                        * _MULTIPLIER) % span] for rid in ids])
-        sampled: list[list[int]] = []
-        for rid in ids:
-            req = requests[rid]
-            if req.is_prefill_chunk:
-                sampled.append(_NOTHING)
-                continue
-            # The sampled token's output position; under async scheduling the computed count already
-            # includes the placeholders of steps in flight.
-            pos = req.num_computed_tokens - len(req.prompt_token_ids)
-            rec = recorded.get(rid)
-            if rec is not None and pos < len(rec):
-                sampled.append([rec[pos]])
-            else:
-                sampled.append([FIRST_TOKEN_ID + (base[rid] + pos * _MULTIPLIER) % span])
-        return ModelRunnerOutput(ids, sampled)
+        token_at = self.token_at
+        return ModelRunnerOutput(ids, [
+            _NOTHING if (req := requests[rid]).is_prefill_chunk
+            else [token_at(rid, req.num_computed_tokens - len(req.prompt_token_ids))] for rid in ids])
+
+
+Positions = TypeVar("Positions", int, np.ndarray)
+
+
+def _token(base: Positions, position: Positions, span: int) -> Positions:
+    """The token sampled at an output position without a recorded one, for ints and numpy arrays alike."""
+    return FIRST_TOKEN_ID + (base + position * _MULTIPLIER) % span

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.core.config import CacheConfig, SchedulerConfig
+from engine.core.request import Request
 from engine.core.scheduler import Scheduler
 from sim.core.cluster import Cluster
 from sim.core.decode_runs import DecodeRuns
@@ -31,7 +32,7 @@ from traces.recorder import TraceRecorder
 
 @dataclass(slots=True, kw_only=True)
 class SimResult:
-    trace_dir: Path
+    trace_dir: Path | None
     num_steps: int
     num_requests: int
     sim_time: float
@@ -61,12 +62,12 @@ class Simulator:
         return self.replica.runner
 
     @property
-    def recorder(self) -> TraceRecorder:
+    def recorder(self) -> TraceRecorder[Request] | None:
         return self.replica.recorder
 
     @property
     def decode_runs(self) -> DecodeRuns | None:
-        return self.replica.runs.runs if self.replica.runs is not None else None
+        return self.replica.runs
 
     def run(self, requests: Iterable[SimRequest], external_finishes: dict[int, list[tuple[str, str]]] | None = None,
             total: int | None = None, progress: bool = False) -> SimResult:

@@ -96,7 +96,7 @@ def workload_source(path: Path, vocab_size: int, limit: int | None = None, time_
     return source
 
 
-def _natural(rid: str) -> tuple:
+def _natural(rid: str) -> tuple[int | str, ...]:
     return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", rid))
 
 
@@ -174,11 +174,13 @@ def make_request(r: SimRequest, block_size: int | None = None) -> Request:
         params = SamplingParams(max_tokens=r.max_tokens, temperature=0.0, ignore_eos=True)
         eos = None
     if r.prompt_token_ids is None:
+        if r.num_prompt_tokens is None:
+            raise ValueError(f"request {r.request_id!r}: neither its prompt nor its prompt's length is known")
         return RefusedRequest(r.request_id, r.num_prompt_tokens, params, arrival_time=r.arrival)
     memo = r.prompt_block_hashes if block_size else None
-    known = memo.get(block_size, ()) if memo is not None else ()
+    known = memo.get(block_size, ()) if memo is not None and block_size is not None else ()
     req = Request(r.request_id, r.prompt_token_ids, params, eos_token_id=eos, arrival_time=r.arrival,
                   priority=r.priority, block_size=block_size, block_hashes=known)
-    if memo is not None and not known:
+    if memo is not None and block_size is not None and not known:
         memo[block_size] = list(req.block_hashes)
     return req
