@@ -135,7 +135,7 @@ class EngineArgs:
 
     @classmethod
     def add_cli_args(cls, parser: argparse.ArgumentParser) -> None:
-        add_flags(parser, flags_of(cls))
+        add_flags(parser, flags_of(EngineArgs))
 
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> EngineArgs:
@@ -310,30 +310,26 @@ def resolve_dtype(dtype: str, device: str) -> str:
 
 
 def default_num_threads() -> int:
-    """All usable cores but one. OpenMP workers that spin against another busy thread (the span
-    exporter, the tokenizer, a neighbour process) slow a step by up to 5x here: on this 2-core machine a
-    64-sequence decode step of the built-in model took 35-42 ms on 1 thread, and 29 ms idle but
-    155-185 ms under load on 2 threads. Leaving one core free keeps the worst case close to the best."""
+    """All usable cores but one: OpenMP workers that spin against another busy thread (the span
+    exporter, the tokenizer, a neighbour process) slow a step several times over, and a free core
+    keeps the worst case close to the best."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return max(1, cores - 1)
 
 
-# Spin iterations of torch's OpenMP runtime (libgomp) before a waiting worker sleeps; its default, ~300k,
-# spins for milliseconds, so a thread waiting on a partner that shares a core with another busy process
-# burns its own core and keeps the partner from migrating to it: with a busy neighbour, 2 threads ran a
-# decode-sized matmul loop 7x slower than 1 (1,150 against 160 ms); with 1,000 spins they matched it.
+# Spin iterations of torch's OpenMP runtime (libgomp) before a waiting worker sleeps. Its default spins
+# for milliseconds, so a worker waiting on a partner that shares a core with another busy process burns
+# its own core and keeps the partner from moving to it; a short spin lets the waiter sleep instead.
 OPENMP_SPIN_COUNT = "1000"
 
 
 def bound_openmp_spin() -> bool:
-    """Bound OpenMP spin-waiting unless the user chose a wait policy. False when it is too late: libgomp
-    reads the variable once, when torch loads it."""
+    """Bound OpenMP spin-waiting (GOMP_SPINCOUNT) unless the user chose a wait policy; True when it is
+    bounded. Call it before torch loads, where an engine is built (LLM, `engine run`): libgomp reads the
+    variable once, as torch loads it, so afterwards this only reports False."""
     if "GOMP_SPINCOUNT" in os.environ or "OMP_WAIT_POLICY" in os.environ:
         return True
     if "torch" in sys.modules:
         return False
     os.environ["GOMP_SPINCOUNT"] = OPENMP_SPIN_COUNT
     return True
-
-
-OPENMP_SPIN_BOUNDED = bound_openmp_spin()

@@ -11,8 +11,9 @@ from transformers import PreTrainedTokenizerBase
 
 try:
     from tokenizers.decoders import DecodeStream
+    HAS_DECODE_STREAM = True
 except ImportError:  # tokenizers < 0.21
-    DecodeStream = None
+    HAS_DECODE_STREAM = False
 
 _PROMPT_CONTEXT = 6  # prompt tokens fed first so the first output token decodes in context
 _REPLACEMENT = "\ufffd"
@@ -29,7 +30,10 @@ class _PrefixOffsetStream:
         self.read_offset = len(self.ids)
 
     def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
+        text = self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
+        if not isinstance(text, str):  # only a batch of id lists decodes to a list
+            raise TypeError(f"{type(self.tokenizer).__name__}.decode gave {type(text).__name__} for one id list")
+        return text
 
     def step(self, token_id: int) -> str | None:
         self.ids.append(token_id)
@@ -93,7 +97,7 @@ class IncrementalDetokenizer:
         self.token_ids: list[int] = []
         self._text = ""
         self._sent_offset = 0
-        stream_cls = _FastStream if use_decode_stream and DecodeStream is not None else _PrefixOffsetStream
+        stream_cls = _FastStream if use_decode_stream and HAS_DECODE_STREAM else _PrefixOffsetStream
         context = _prompt_context(tokenizer, prompt_token_ids)
         self._stream = stream_cls(tokenizer, context, skip_special_tokens)
 

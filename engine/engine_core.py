@@ -9,6 +9,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from engine.config import DEFAULT_CPU_KV_CACHE_MEMORY, EngineConfig
 from engine.core.outputs import EngineCoreOutputs
@@ -17,6 +18,9 @@ from engine.core.sampling_params import SamplingParams
 from engine.core.async_scheduler import make_scheduler
 from engine.core.step_cycle import StepCycle
 from engine.executor import UniProcExecutor
+
+if TYPE_CHECKING:  # engine.tracing loads the span exporter's dependencies: only where a run is traced
+    from engine.tracing import EngineTrace
 
 logger = logging.getLogger("stepscope")
 
@@ -64,7 +68,7 @@ class EngineCore:
         # it (model_runner_output says how), so step k+1 is scheduled and prepared while step k runs.
         self.cycle = StepCycle(self.scheduler, self.executor, clock,
                                batch_queue_size=2 if sc.async_scheduling else 1)
-        self.trace = None
+        self.trace: EngineTrace | None = None
 
     @contextlib.contextmanager
     def _phase(self, name: str):
@@ -129,10 +133,11 @@ class EngineCore:
         overlap = self.executor.collective_rpc("get_step_overlap")[0]
         meta = {"source": "engine", "config": self.config.to_dict(), "kv_cache": dataclasses.asdict(self.kv_report),
                 "step_overlap": overlap, **meta}
-        self.trace = EngineTrace(trace_dir, meta, self.scheduler, self.t0, self.config.model_config.model,
-                                 otlp_endpoint, overwrite)
-        self.trace.spans.prepare_model(self.startup_phases)
-        self.cycle.recorder = self.trace
+        trace = EngineTrace(trace_dir, meta, self.scheduler, self.t0, self.config.model_config.model,
+                            otlp_endpoint, overwrite)
+        trace.spans.prepare_model(self.startup_phases)
+        self.trace = trace
+        self.cycle.recorder = trace
         self.executor.collective_rpc("set_sync_timing", True)
 
     def set_step_overlap(self, mode: str) -> None:

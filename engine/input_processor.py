@@ -63,7 +63,7 @@ class InputProcessor:
             if self.tokenizer is None:
                 raise ValueError(f"prompt: text needs a tokenizer and {self.why_no_tokenizer}; "
                                  f"pass {{'prompt_token_ids': [...]}}")
-            if len(prompt) > self.max_prompt_chars:
+            if self.max_prompt_chars is not None and len(prompt) > self.max_prompt_chars:
                 raise ValueError(f"prompt: {len(prompt):,} characters are more tokens than max_model_len="
                                  f"{self.max_model_len} whatever they say; not tokenized")
             try:
@@ -77,10 +77,12 @@ class InputProcessor:
             if not isinstance(ids, (list, tuple)):
                 raise ValueError(f"prompt_token_ids: must be a list of ints, got {type(ids).__name__}")
             self._check_length(len(ids))  # before a Python int per token is made
-            plain = [as_int(t) for t in ids]
-            if None in plain:
-                i = plain.index(None)
-                raise ValueError(f"prompt_token_ids[{i}]: {ids[i]!r} is not a token id (an int, not a bool)")
+            plain: list[int] = []
+            for i, t in enumerate(ids):
+                n = as_int(t)
+                if n is None:
+                    raise ValueError(f"prompt_token_ids[{i}]: {t!r} is not a token id (an int, not a bool)")
+                plain.append(n)
             return prompt.get("prompt"), plain
         raise ValueError(f"prompt: expected a string or {{'prompt_token_ids': [...]}}, got {type(prompt).__name__}")
 

@@ -56,9 +56,11 @@ class OutputProcessor:
                 state.metrics.first_token_time = now
             state.token_ids.extend(out.new_token_ids)
             if out.new_logprobs is not None and state.logprobs is not None:
+                cumulative = state.cumulative_logprob or 0.0  # set with logprobs, at 0.0
                 for ids, lps in zip(out.new_logprobs.token_ids, out.new_logprobs.logprobs):
                     state.logprobs.append(dict(zip(ids, lps)))
-                    state.cumulative_logprob += lps[0]
+                    cumulative += lps[0]
+                state.cumulative_logprob = cumulative
             reason, stop_reason = out.finish_reason, out.stop_reason
             if state.detokenizer is not None and out.new_token_ids:
                 stop_terminated = reason == "stop" and not state.params.include_stop_str_in_output
@@ -78,7 +80,7 @@ class OutputProcessor:
         completion = CompletionOutput(index=0, text=text, token_ids=state.token_ids,
                                       cumulative_logprob=state.cumulative_logprob, logprobs=state.logprobs,
                                       finish_reason=reason, stop_reason=stop_reason)
-        error = stop_reason if reason == "error" else None
+        error = stop_reason if reason == "error" and isinstance(stop_reason, str) else None
         return RequestOutput(request_id=state.request_id, prompt=state.prompt, prompt_token_ids=state.prompt_token_ids,
                              outputs=[completion], finished=True, metrics=state.metrics,
                              num_cached_tokens=num_cached_tokens, error=error)

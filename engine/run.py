@@ -32,7 +32,7 @@ def main_run(args) -> int:
     workload_path = Path(args.workload) if args.workload else DEFAULT_WORKLOAD
     if args.trace is not None:  # before anything heavy loads: an existing trace is refused at once
         check_trace_output(args.trace, args.overwrite, [workload_path, *model_inputs(args)])
-    from engine.config import EngineArgs, resolve_device
+    from engine.config import EngineArgs, bound_openmp_spin, resolve_device
     from engine.workload_driver import CPU_SCALE, run_workload
     from traces.summary import trace_summary
     from workloads.workload import check_time_scale, load_workload
@@ -45,6 +45,7 @@ def main_run(args) -> int:
         from engine.vllm_backend.runner import main_run_vllm
 
         return main_run_vllm(args, workload)
+    bound_openmp_spin()  # before resolve_device loads torch, which starts its OpenMP runtime
     from engine.llm_engine import LLMEngine  # after the cheap checks: it loads torch and transformers
 
     engine_args = EngineArgs.from_cli_args(args)
@@ -71,9 +72,12 @@ def main_run(args) -> int:
         engine.shutdown(interrupted=True)
         raise
     engine.shutdown(interrupted=result.interrupted)
-    print(trace_summary(config.observability_config.trace_dir))
+    trace_dir = config.observability_config.trace_dir
+    if trace_dir is None:
+        raise RuntimeError("engine run: the engine was built without its trace directory")
+    print(trace_summary(trace_dir))
     if tmp is None:
-        print(trace_line(config.observability_config.trace_dir))
+        print(trace_line(trace_dir))
     else:
         tmp.cleanup()
     return 130 if result.interrupted else 0

@@ -1,7 +1,7 @@
 """OpenTelemetry for the engine: start-up, step and request spans, built off the hot loop.
 
-The SDK costs tens of microseconds per span, so the step loop only records monotonic timestamps as
-plain items; a child process (engine.span_process) turns them into spans with explicit start and end
+The SDK's Python work per span is too slow for the step loop, so the loop only records monotonic
+timestamps as plain items; a child process (engine.span_process) turns them into spans with explicit start and end
 times. Spans always go to the trace directory as OTLP JSON lines, and to an OTLP/HTTP endpoint when one
 is given.
 """
@@ -26,7 +26,10 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
+from engine.core.outputs import EngineCoreOutputs
 from engine.core.request import Request
+from engine.core.sched_output import SchedulerOutput
+from engine.core.step_cycle import StepCost, StepTimes
 from traces.outputs import open_new_nofollow
 
 # `gen_ai.provider.name` is required by the GenAI conventions; a self-hosted engine names itself.
@@ -109,9 +112,9 @@ def make_tracer_provider(spans_path: str | Path | None = None, otlp_endpoint: st
     return provider
 
 
-# What the engine hands to the span process (engine.span_process), as JSON: plain tuples and dicts, built
-# in microseconds on the hot loop; the SDK's spans (tens of microseconds each) and their OTLP encoding are
-# made there, so they take no share of this process's interpreter lock.
+# What the engine hands to the span process (engine.span_process), as JSON: plain tuples and dicts, cheap
+# to build on the hot loop; the SDK's spans and their OTLP encoding are made there, so they take no share
+# of this process's interpreter lock.
 def prepare_item(phases: list[tuple[str, float, float]]) -> tuple:
     return ("prepare", phases)
 
@@ -221,6 +224,9 @@ class EngineSpans:
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, (root, os.environ.get("PYTHONPATH")))))
         self._proc = subprocess.Popen([sys.executable, "-m", "engine.span_process", json.dumps(config)],
                                       stdin=subprocess.PIPE, env=env)
+        if self._proc.stdin is None:
+            raise RuntimeError("span process: started without a pipe to its stdin")
+        self._stdin = self._proc.stdin
         self._items: list[tuple] = []
         self._sent_at = self._mono0
         self._broken = False
@@ -250,8 +256,8 @@ class EngineSpans:
             return
         data = orjson.dumps(items)
         try:
-            self._proc.stdin.write(len(data).to_bytes(4, "little") + data)
-            self._proc.stdin.flush()
+            self._stdin.write(len(data).to_bytes(4, "little") + data)
+            self._stdin.flush()
         except OSError:
             self._broken = True
             print("engine: warning: the span process ended early; no more spans are written", file=sys.stderr)
@@ -264,7 +270,7 @@ class EngineSpans:
         """Send what is left and wait for the child to export it (bounded: an OTLP endpoint is)."""
         self._send()
         with suppress(OSError):
-            self._proc.stdin.close()
+            self._stdin.close()
         try:
             self._proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
@@ -281,7 +287,7 @@ class EngineTrace:
         from traces.writer import TraceWriter
 
         self.writer = None
-        self.recorder = None
+        self.recorder: TraceRecorder[Request] | None = None
         self._live: dict[str, Request] = {}
         spans_path = None
         if trace_dir is not None:  # the writer claims the directory first: an existing trace is never touched
@@ -309,14 +315,12 @@ class EngineTrace:
         for r in ended:
             self.spans.request(r)
 
-    def on_step(self, so, outputs, times: tuple[float, float, float, float, float]) -> None:
-        t_sched, t_exec, t_sample, t_update, t_end = times
+    def on_step(self, step: int, so: SchedulerOutput, outputs: EngineCoreOutputs, times: StepTimes,
+                cost: StepCost | None = None) -> None:
+        """A live step's phases are the gaps between `times`; `cost` is a simulator's, never given here."""
         if self.recorder is not None:
-            step = self.recorder.step
-            finished = self.recorder.on_step(so, outputs, t_sched, t_end, t_exec - t_sched, t_sample - t_exec,
-                                             t_update - t_sample)
+            finished = self.recorder.on_step(step, so, outputs, times)
         else:
-            step = -1
             finished = self._pop(o.request_id for o in outputs.outputs if o.finish_reason is not None)
         stats = outputs.scheduler_stats
         self.spans.step(step, times, {

@@ -4,16 +4,23 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypedDict
 
 from tqdm import tqdm
 
 from engine.core.sampling_params import SamplingParams
 
+class WorkloadScale(TypedDict):
+    """Keyword arguments of `Workload.scaled`."""
+
+    num_requests: int
+    length_factor: float
+
+
 # What the default workload is cut to on a CPU, so `engine run` finishes in well under a minute there.
 # Its context is cut with it, and its KV cache to one longest sequence (engine.run.cpu_default_sizes):
 # bursts then wait for blocks and decodes preempt, so the default run has queueing to explain.
-CPU_SCALE = {"num_requests": 48, "length_factor": 0.25}
+CPU_SCALE: WorkloadScale = {"num_requests": 48, "length_factor": 0.25}
 CPU_MAX_MODEL_LEN = 1024  # bursty.yaml's longest prompt + output (4096 tokens) times the length factor
 IDLE_POLL_S = 0.05  # the longest an idle engine sleeps between looks at the clock (and trace flushes)
 

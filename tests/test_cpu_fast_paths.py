@@ -1,8 +1,10 @@
 """The CPU engine's fast paths: prefill attention on SDPA's flash kernel, oneDNN-packed linears that
-compute what nn.Linear computes, and OpenMP spin-waiting bounded before torch loads."""
+compute what nn.Linear computes, and OpenMP spin-waiting bounded where an engine is built, before torch
+loads (never by an import)."""
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 
 import pytest
@@ -101,6 +103,48 @@ def test_a_wait_policy_the_user_chose_is_left_alone(no_wait_policy):
 def test_too_late_once_torch_is_loaded(no_wait_policy):
     assert bound_openmp_spin() is False
     assert "GOMP_SPINCOUNT" not in os.environ
+
+
+def test_importing_the_engine_config_sets_nothing():
+    env = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
+    code = "import os, engine.config, engine.entrypoints.llm; print(os.environ.get('GOMP_SPINCOUNT'))"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "None"
+
+
+class _EngineBuilt(Exception):
+    """Raised by a stand-in for the engine's construction, after noting what the environment held."""
+
+
+def _note_spin_count(seen: list):
+    def stand_in(*args, **kwargs):
+        seen.append(("torch" in sys.modules, os.environ.get("GOMP_SPINCOUNT")))
+        raise _EngineBuilt
+    return stand_in
+
+
+def test_an_llm_bounds_spin_before_its_engine_loads_torch(no_wait_policy):
+    from engine.entrypoints import llm
+
+    seen: list = []
+    no_wait_policy.delitem(sys.modules, "torch")
+    no_wait_policy.setattr(llm.LLMEngine, "from_engine_args", _note_spin_count(seen))
+    with pytest.raises(_EngineBuilt):
+        llm.LLM()
+    assert seen == [(False, OPENMP_SPIN_COUNT)]
+
+
+def test_engine_run_bounds_spin_before_it_loads_torch(no_wait_policy):
+    from engine import config
+    from engine.cli import build_parser
+    from engine.run import main_run
+
+    seen: list = []
+    no_wait_policy.delitem(sys.modules, "torch")
+    no_wait_policy.setattr(config, "resolve_device", _note_spin_count(seen))  # the first to load torch
+    with pytest.raises(_EngineBuilt):
+        main_run(build_parser().parse_args(["run"]))
+    assert seen == [(False, OPENMP_SPIN_COUNT)]
 
 
 def test_decode_index_names_each_heads_kv_rows_through_the_block_table():

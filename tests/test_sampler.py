@@ -1,15 +1,14 @@
-from types import SimpleNamespace
-
 import pytest
 import torch
 
+from engine.core.sampling_params import SamplingParams
 from engine.model_executor.layers.sampler import Sampler, SamplingMetadata, build_sampling_metadata
 
 V = 32
 
 
 def params(temperature=1.0, top_p=1.0, top_k=0, min_p=0.0, logprobs=None):
-    return SimpleNamespace(temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, logprobs=logprobs)
+    return SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, logprobs=logprobs)
 
 
 def sample(logits, plist, generators=None):
@@ -28,7 +27,7 @@ def test_greedy_is_argmax():
     logits = torch.randn(6, V, generator=torch.Generator().manual_seed(0))
     out = sample(logits, [params(temperature=0.0)] * 6)
     assert torch.equal(out.sampled_token_ids, logits.argmax(-1))
-    assert out.logprobs is None
+    assert out.logprobs_tensors is None
 
 
 def test_top_k_one_equals_greedy():
@@ -94,13 +93,14 @@ def test_logprobs_are_raw_log_softmax_with_rank():
     logits = torch.randn(5, V)
     out = sample(logits, [params(temperature=0.5, top_k=3, logprobs=4)] * 3 + [params(logprobs=2)] * 2)
     raw = logits.log_softmax(-1)
-    assert out.logprob_token_ids.shape == (5, 5) and out.logprobs.shape == (5, 5)
-    assert torch.equal(out.logprob_token_ids[:, 0], out.sampled_token_ids)
-    assert torch.allclose(out.logprobs, raw.gather(1, out.logprob_token_ids))
-    assert torch.equal(out.logprob_token_ids[:, 1:], raw.topk(4, -1).indices)
+    lp = out.logprobs_tensors
+    assert lp.logprob_token_ids.shape == (5, 5) and lp.logprobs.shape == (5, 5)
+    assert torch.equal(lp.logprob_token_ids[:, 0], out.sampled_token_ids)
+    assert torch.allclose(lp.logprobs, raw.gather(1, lp.logprob_token_ids))
+    assert torch.equal(lp.logprob_token_ids[:, 1:], raw.topk(4, -1).indices)
     order = raw.argsort(-1, descending=True)
     expected_rank = (order == out.sampled_token_ids[:, None]).int().argmax(-1) + 1
-    assert torch.equal(out.ranks, expected_rank)
+    assert torch.equal(lp.selected_token_ranks, expected_rank)
 
 
 def test_metadata_leaves_out_unused_knobs():
@@ -117,5 +117,5 @@ def test_runs_on_cuda_with_seeded_rows():
     gens = {1: torch.Generator(device="cuda").manual_seed(3)}
     plist = [params(temperature=0.0), params(top_p=0.8, logprobs=2), params(top_k=4), params()]
     out = sample(logits, plist, gens)
-    assert out.sampled_token_ids.device.type == "cuda" and out.logprobs.shape == (4, 3)
+    assert out.sampled_token_ids.device.type == "cuda" and out.logprobs_tensors.logprobs.shape == (4, 3)
     assert out.sampled_token_ids[0].item() == logits[0].argmax().item()

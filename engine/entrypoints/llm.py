@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from tqdm import tqdm
 
-from engine.config import EngineArgs
+from engine.config import EngineArgs, bound_openmp_spin
 from engine.core.sampling_params import SamplingParams
 from engine.llm_engine import LLMEngine
 from engine.outputs import RequestOutput
@@ -23,6 +23,7 @@ class LLM:
         unknown = sorted(set(kwargs) - known)
         if unknown:
             raise ValueError(f"LLM: unknown engine argument(s) {', '.join(unknown)}")
+        bound_openmp_spin()  # before the engine loads torch, which starts its OpenMP runtime
         self.llm_engine = LLMEngine.from_engine_args(EngineArgs(model=model, **kwargs))
         self._counter = itertools.count()
 

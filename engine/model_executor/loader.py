@@ -12,7 +12,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from torch import nn
 
-from engine.model_executor.models.llama import head_dim_of
+from engine.model_executor.models.llama import LlamaForCausalLM, head_dim_of
 from engine.model_executor.models.registry import get_model_class, resolve_architecture
 
 LOAD_FORMATS = ("safetensors", "dummy")
@@ -66,7 +66,7 @@ def _skip_default_init() -> Iterator[None]:
 
 def build_model(
     hf_config: Any, dtype: torch.dtype, device: torch.device | str, attn_backend: str = "auto"
-) -> nn.Module:
+) -> LlamaForCausalLM:
     """Instantiate the architecture with parameters allocated, uninitialised, directly on `device`.
 
     "meta" allocates nothing, which is how parameter counts are taken without materialising weights.
@@ -177,7 +177,7 @@ def load_model(
     seed: int = 0,
     *,
     attn_backend: str = "auto",
-) -> nn.Module:
+) -> LlamaForCausalLM:
     """A ready-to-run model in eval mode; checkpoint problems are reported before any weight is allocated."""
     if load_format not in LOAD_FORMATS:
         raise ValueError(f"unknown load_format {load_format!r}; valid: {', '.join(LOAD_FORMATS)}")

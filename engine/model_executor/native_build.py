@@ -1,9 +1,9 @@
 """Building and loading the engine's C kernels for the CPU (attention/csrc, layers/csrc, sharing csrc/*.h).
 
-Each source is built once with the system compiler (`cc -O3 -march=native -fopenmp`, about a second)
-into a per-user cache, keyed by a hash of the source and the shared headers, the compiler and its flags,
-and the CPU's feature flags; later start-ups only load it. The kernels run in torch's own OpenMP pool: torch's bundled libgomp
-is already loaded under the soname they ask for. Without a compiler, or when the build or load fails,
+Each source is built once with the system compiler (`cc -O3 -march=native -fopenmp`) into a per-user
+cache, keyed by a hash of the source and the shared headers, the compiler and its flags, and the CPU's
+feature flags; later start-ups only load it. The kernels run in torch's own OpenMP pool: torch's
+bundled libgomp is already loaded under the soname they ask for. Without a compiler, or when the build or load fails,
 `load_library` returns None and callers keep their torch path. STEPSCOPE_NATIVE_KERNELS=0 turns every
 kernel off; STEPSCOPE_KERNEL_CACHE moves the cache.
 """

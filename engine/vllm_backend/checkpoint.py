@@ -54,7 +54,7 @@ def save_builtin_checkpoint(path: str | Path, seed: int = 0) -> Path:
         parts = name.split(".")
         if len(parts) >= 2 and parts[-2] in inverse:
             for hf_name, shard in inverse[parts[-2]]:
-                start, size = model._shard_range(parts[-2], shard)
+                start, size = model.shard_range(parts[-2], shard)
                 tensors[".".join([*parts[:-2], hf_name, parts[-1]])] = param.data.narrow(0, start, size).clone()
         else:
             tensors[name] = param.data.clone().contiguous()

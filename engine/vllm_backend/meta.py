@@ -5,13 +5,15 @@ from __future__ import annotations
 import platform
 from typing import Any
 
+from transformers import PretrainedConfig
+
 
 def _model_meta(model_config: Any) -> dict[str, Any]:
     hf = getattr(model_config, "hf_config", None)
     archs = getattr(hf, "architectures", None) or []
     return {"model": str(model_config.model), "source": "checkpoint", "architecture": archs[0] if archs else None,
             "dtype": str(model_config.dtype).removeprefix("torch."),
-            "hf_config": hf.to_dict() if hasattr(hf, "to_dict") else None}
+            "hf_config": hf.to_dict() if isinstance(hf, PretrainedConfig) else None}
 
 
 def scheduler_meta(scheduler: Any) -> dict[str, Any]:

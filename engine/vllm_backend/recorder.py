@@ -11,17 +11,20 @@ ids, which vLLM's model runner extends in place; queue lengths; the step's block
 pending list, and looks at a request's outputs only until its first token: the output tokens are read
 from vLLM's own Request when it ends. Rows are built and written as Arrow record batches every
 `flush_interval` seconds and whenever vLLM runs out of unfinished requests (the idle moment before it
-waits), so a killed server loses at most that interval. Built per step and written as JSON lines,
-rows cost 150-180 us of a 39 ms CPU step.
+waits), so a killed server loses at most that interval; built every step, rows cost a CPU step too much.
 """
 from __future__ import annotations
 
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
+from engine.core.kv_cache_manager import BlockEvent
 from engine.core.outputs import EngineCoreOutput, EngineCoreOutputs
+from engine.core.sched_output import SchedulerOutput
+from engine.core.step_cycle import StepTimes
 from engine.vllm_backend.views import KVView, RecordedRequest, StepCounts, core_output
 from traces.recorder import TraceRecorder
 from traces.writer import TraceWriter
@@ -31,6 +34,16 @@ FLUSH_INTERVAL_S = 0.5
 # A block snapshot every this many steps, as the engine's trace has (taken at the step, not at the write).
 SNAPSHOT_EVERY = 1024
 _NEVER = 1 << 62
+
+
+@dataclass(slots=True)
+class _ScheduledStep:
+    """A step vLLM scheduled and has not updated from yet: its output as engine.core's, and its times."""
+
+    so: SchedulerOutput
+    start: float
+    schedule_end: float
+    execute_end: float  # the schedule's end until vLLM asks for the grammar bitmask
 
 
 class VllmStepRecorder:
@@ -47,11 +60,11 @@ class VllmStepRecorder:
         # The writer and the recorder never write on their own: `flush` decides when.
         self.writer = TraceWriter(trace_dir, meta, flush_every=_NEVER, stream_format="arrow", overwrite=overwrite)
         self.counts = StepCounts(self.kv)
-        self.recorder = TraceRecorder(self.writer, self.counts, self.t0, snapshot_every=_NEVER)
+        self.recorder = TraceRecorder[RecordedRequest](self.writer, self.counts, self.t0, snapshot_every=_NEVER)
         self.requests: dict[str, RecordedRequest] = {}
         # Those with no output token yet: the only ones whose outputs a step has to look at.
         self.awaiting_first: dict[str, RecordedRequest] = {}
-        self.in_flight: deque[list[Any]] = deque()
+        self.in_flight: deque[_ScheduledStep] = deque()
         self._freed: list[tuple[str, list[int]]] = []
         # (recorder method, arguments) in the order vLLM made the calls, written by `flush`.
         self.pending: list[tuple[Callable[..., Any], tuple]] = []
@@ -80,15 +93,16 @@ class VllmStepRecorder:
             cached = num_cached.get(rid, 0)
             out = allocate(request, *args, **kwargs)
             if out is not None:
-                blocks = req_to_blocks.get(rid, ())
-                if len(blocks) > held:  # only the tail: a decode step must not cost O(blocks held)
+                blocks = req_to_blocks.get(rid)
+                # Only the tail: a decode step must not cost O(blocks held).
+                if blocks is not None and len(blocks) > held:
                     ids = [b.block_id for b in blocks[held:]]
                     computed = args[2] if len(args) > 2 else kwargs.get("new_computed_blocks")
                     num_hit = len(computed.blocks[0]) if computed is not None and computed.blocks else 0
                     if num_hit:
-                        kv.events.append(("hit", rid, ids[:num_hit], None))
+                        kv.step_events.append(("hit", rid, ids[:num_hit], None))
                     if len(ids) > num_hit:
-                        kv.events.append(("new", rid, ids[num_hit:], None))
+                        kv.step_events.append(("new", rid, ids[num_hit:], None))
                     cached = max(cached, held + num_hit)
                 if num_cached.get(rid, 0) > cached:
                     self._cached_since(rid, cached)
@@ -104,7 +118,7 @@ class VllmStepRecorder:
             ids = kv.block_ids(request.request_id)
             free(request)
             if ids:
-                kv.events.append(("free", request.request_id, ids, None))
+                kv.step_events.append(("free", request.request_id, ids, None))
             self._freed.append((request.request_id, ids))
 
         manager.allocate_slots, manager.cache_blocks, manager.free = allocate_slots, cache_blocks, free_blocks
@@ -113,7 +127,7 @@ class VllmStepRecorder:
         after = self.kv.num_cached.get(rid, 0)
         if after > before:
             blocks = self.kv.req_to_blocks[rid][before:after]
-            self.kv.events.append(("cache", rid, [b.block_id for b in blocks],
+            self.kv.step_events.append(("cache", rid, [b.block_id for b in blocks],
                                    [b.block_hash.hex() for b in blocks]))
 
     def take_freed(self) -> list[tuple[str, list[int]]]:
@@ -156,17 +170,18 @@ class VllmStepRecorder:
                 r.num_cached_tokens = d.num_computed_tokens
             else:
                 resumed_as_new.add(d.req_id)
-        step = [core_output(so, self.scheduler.requests, preempted, resumed_as_new), start, end, end]
-        self.in_flight.append(step)
+        self.in_flight.append(
+            _ScheduledStep(core_output(so, self.scheduler.requests, preempted, resumed_as_new), start, end, end))
 
     def on_execute_end(self, when: float) -> None:
         """vLLM asks for the grammar bitmask between the forward pass and sampling."""
         if self.in_flight:
-            self.in_flight[-1][3] = when
+            self.in_flight[-1].execute_end = when
 
     def on_update(self, outputs: dict[int, Any], update_start: float, end: float) -> None:
         freed = dict(self.take_freed())
-        so, start, sched_end, exec_end = self.in_flight.popleft()
+        scheduled = self.in_flight.popleft()
+        so, start, sched_end, exec_end = scheduled.so, scheduled.start, scheduled.schedule_end, scheduled.execute_end
         awaiting = self.awaiting_first
         finished: list[tuple[str, str]] = []
         any_output = False
@@ -180,7 +195,7 @@ class VllmStepRecorder:
                     finished.append((o.request_id, reason))
                     self._ended(o.request_id, reason, end)
         kv = self.kv
-        if not (so.total_num_scheduled_tokens or so.preempted_req_ids or any_output or kv.events):
+        if not (so.total_num_scheduled_tokens or so.preempted_req_ids or any_output or kv.step_events):
             # vLLM's empty step that only tells the workers which requests finished: no decision.
             if self.pending and not self.scheduler.has_unfinished_requests():
                 self.flush()  # aborts pending from between steps
@@ -189,9 +204,9 @@ class VllmStepRecorder:
         step = self.num_steps
         self.num_steps += 1
         snapshot = self.recorder.block_snapshot(step) if step % SNAPSHOT_EVERY == 0 else None
-        events, kv.events = kv.events, []
+        events, kv.step_events = kv.step_events, []
         self.pending.append((self._write_step, (
-            so, finished, freed, start, end, sched_end - start, exec_end - sched_end, update_start - exec_end,
+            step, so, finished, freed, (start, sched_end, exec_end, update_start, end),
             len(sched.running), len(sched.waiting), kv.block_pool.pool.get_num_free_blocks(), events, snapshot)))
         # Out of unfinished requests is vLLM's idle moment: has_requests() stays true one step longer, for
         # the empty step that reports the finished ones, which an in-process LLMEngine only runs once
@@ -206,27 +221,25 @@ class VllmStepRecorder:
             r.finish_reason, r.finished_time = reason, when
             r.take_outputs()
 
-    def _write_step(self, so: Any, finished: list[tuple[str, str]], freed: dict[str, list[int]], start: float,
-                    end: float, schedule_time: float, execute_time: float, sample_time: float, num_running: int,
-                    num_waiting: int, num_free: int, events: list[tuple], snapshot: list[dict] | None) -> None:
+    def _write_step(self, step: int, so: SchedulerOutput, finished: list[tuple[str, str]], freed: dict[str, list[int]],
+                    times: StepTimes, num_running: int, num_waiting: int, num_free: int, events: list[BlockEvent],
+                    snapshot: list[dict] | None) -> None:
         """One pending step through the recorder, with the counts and block events as they were then."""
         self.counts.set(num_running, num_waiting, num_free)
-        self.kv.events = events
+        log = self.kv.events
+        if log is not None:
+            log.extend(events)
         core = EngineCoreOutputs([EngineCoreOutput(rid, [], reason, freed_block_ids=freed.get(rid))
                                   for rid, reason in finished])
-        self.recorder.on_step(so, core, start, end, schedule_time, execute_time, sample_time)
+        self.recorder.on_step(step, so, core, times)
         if snapshot:
             self.writer.write_rows("block_snapshots", snapshot)
 
     def flush(self) -> None:
         """Build the pending rows and hand them to the OS."""
         pending, self.pending = self.pending, []
-        live = self.kv.events
-        try:
-            for fn, args in pending:
-                fn(*args)
-        finally:
-            self.kv.events = live
+        for fn, args in pending:
+            fn(*args)
         self.writer.drain()
         self._last_flush = time.monotonic()
 
@@ -241,6 +254,10 @@ class VllmStepRecorder:
 
     def close(self, **final_meta: Any) -> None:
         self.flush()
+        log, kv = self.kv.events, self.kv
+        if log is not None:  # blocks freed after the last step: the recorder puts them under that step
+            log.extend(kv.step_events)
+        kv.step_events = []
         for r in self.requests.values():  # unfinished: their outputs so far
             r.take_outputs()
         self.recorder.close(**final_meta)

@@ -138,8 +138,11 @@ def main_run_vllm(args: Namespace, workload: Any) -> int:
         model_dir = str(save_builtin_checkpoint(tmp_model.name, args.seed))
     elif not Path(model_dir).is_dir():
         raise ValueError(f"--model: {model_dir}: --backend vllm needs a local checkpoint directory")
-    tmp = None if args.trace else tempfile.TemporaryDirectory(prefix="stepscope-vllm-")
-    trace_dir = args.trace or tmp.name
+    tmp = None
+    trace_dir = args.trace
+    if not trace_dir:
+        tmp = tempfile.TemporaryDirectory(prefix="stepscope-vllm-")
+        trace_dir = tmp.name
     engine = build_vllm_engine(vllm_engine_kwargs(args, model_dir), trace_dir, args.overwrite)
     if args.workload is None and _vllm_on_cpu():
         workload = workload.scaled(**CPU_SCALE)  # the same default workload as the stepscope engine on CPU

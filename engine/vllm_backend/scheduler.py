@@ -11,19 +11,24 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterable
 from typing import Any
 
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
 from vllm.v1.core.sched.scheduler import Scheduler
-from vllm.v1.request import RequestStatus
+from vllm.v1.engine import EngineCoreOutputs
+from vllm.v1.outputs import ModelRunnerOutput
+from vllm.v1.request import Request, RequestStatus
 
 from engine.vllm_backend import TRACE_DIR_ENV, TRACE_OVERWRITE_ENV
 from engine.vllm_backend.meta import trace_meta
 from engine.vllm_backend.recorder import VllmStepRecorder
 
 
-class _Recording:
-    """The recording half, shared by both subclasses; every override calls vLLM's method unchanged."""
+class _Recording(Scheduler):
+    """The recording half, shared by both subclasses; every override calls vLLM's method unchanged (the
+    next class in the subclass's order: AsyncScheduler for RecordingAsyncScheduler)."""
 
     stepscope: VllmStepRecorder | None
 
@@ -47,14 +52,16 @@ class _Recording:
             self.close_trace(compact=False)
             release()
 
-        manager.clear_backend = clear_backend
+        # An attribute of this instance shadows the class's method: the engine core calls it through the
+        # same object, and no other manager is touched.
+        vars(manager)["clear_backend"] = clear_backend
 
-    def add_request(self, request: Any) -> None:
+    def add_request(self, request: Request) -> None:
         super().add_request(request)
         if self.stepscope is not None and request.request_id not in self.stepscope.requests:
             self.stepscope.on_add(request)
 
-    def schedule(self, *args: Any, **kwargs: Any) -> Any:
+    def schedule(self, *args: Any, **kwargs: Any) -> SchedulerOutput:
         if self.stepscope is None:
             return super().schedule(*args, **kwargs)
         start = time.monotonic()
@@ -62,12 +69,13 @@ class _Recording:
         self.stepscope.on_schedule(so, start, time.monotonic())
         return so
 
-    def get_grammar_bitmask(self, scheduler_output: Any) -> Any:
+    def get_grammar_bitmask(self, scheduler_output: SchedulerOutput) -> GrammarOutput | None:
         if self.stepscope is not None:
             self.stepscope.on_execute_end(time.monotonic())
         return super().get_grammar_bitmask(scheduler_output)
 
-    def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
+    def update_from_output(self, scheduler_output: SchedulerOutput,
+                           model_runner_output: ModelRunnerOutput) -> dict[int, EngineCoreOutputs]:
         if self.stepscope is None:
             return super().update_from_output(scheduler_output, model_runner_output)
         start = time.monotonic()
@@ -75,7 +83,8 @@ class _Recording:
         self.stepscope.on_update(outputs, start, time.monotonic())
         return outputs
 
-    def finish_requests(self, request_ids: Any, finished_status: RequestStatus) -> Any:
+    def finish_requests(self, request_ids: str | Iterable[str] | None,
+                        finished_status: RequestStatus) -> list[Request]:
         ended = super().finish_requests(request_ids, finished_status)
         if self.stepscope is not None:
             reason = str(RequestStatus.get_finished_reason(finished_status))
@@ -95,7 +104,7 @@ class _Recording:
             rec.close(**final_meta)
 
 
-class RecordingScheduler(_Recording, Scheduler):
+class RecordingScheduler(_Recording):
     """vLLM's synchronous `Scheduler`, recorded."""
 
 

@@ -2,10 +2,16 @@
 project's one recorder writes vLLM runs too (no second trace writer to keep in step with the format)."""
 from __future__ import annotations
 
+from collections.abc import Set
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.core.kv_cache_manager import BlockEvent
+from engine.core.sampling_params import SamplingParams
 from engine.core.sched_output import CachedRequestData, NewRequestData, SchedulerOutput
+
+# The recorder reads no sampling parameters from a step's new requests: one default stands in for them all.
+_UNREAD_PARAMS = SamplingParams()
 
 
 @dataclass(slots=True)
@@ -64,14 +70,17 @@ class PoolView:
 
 
 class KVView:
-    """vLLM's KVCacheManager (one full-attention group) plus the block events list the recorder drains."""
+    """vLLM's KVCacheManager (one full-attention group) with engine.core's block event log: `events` is the
+    log TraceRecorder reads (it installs its own, None below the full trace level); `step_events` gathers
+    what vLLM did since its last step was taken, until that step's rows are written."""
 
-    __slots__ = ("manager", "block_pool", "events", "req_to_blocks", "num_cached")
+    __slots__ = ("manager", "block_pool", "events", "step_events", "req_to_blocks", "num_cached")
 
     def __init__(self, manager: Any) -> None:
         self.manager = manager
         self.block_pool = PoolView(manager.block_pool)
-        self.events: list[tuple] = []
+        self.events: list[BlockEvent] | None = []
+        self.step_events: list[BlockEvent] = []
         single = manager.coordinator.single_type_managers[0]
         # vLLM's own dicts (request id -> blocks held, -> how many of them are cached), live.
         self.req_to_blocks: dict[str, list[Any]] = single.req_to_blocks
@@ -98,7 +107,7 @@ class StepCounts:
 
 
 def core_output(so: Any, requests: dict[str, Any], preempted: list[tuple[str, list[int]]],
-                resumed_as_new: set[str] = frozenset()) -> SchedulerOutput:
+                resumed_as_new: Set[str] = frozenset()) -> SchedulerOutput:
     """vLLM's SchedulerOutput as engine.core's, read right after vLLM's `schedule()` returned.
 
     Called after vLLM advanced `num_computed_tokens`: a running request's step is a decode when it
@@ -107,7 +116,8 @@ def core_output(so: Any, requests: dict[str, Any], preempted: list[tuple[str, li
     requests as new ones (`resumed_as_new`); they are listed after the running ones, as engine.core does.
     """
     num = so.num_scheduled_tokens
-    new = [NewRequestData(d.req_id, [], None, list(d.block_ids[0]) if d.block_ids else [], d.num_computed_tokens)
+    new = [NewRequestData(d.req_id, [], _UNREAD_PARAMS, list(d.block_ids[0]) if d.block_ids else [],
+                          d.num_computed_tokens)
            for d in so.scheduled_new_reqs if d.req_id not in resumed_as_new]
     c = so.scheduled_cached_reqs
     resumed = c.resumed_req_ids

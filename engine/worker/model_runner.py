@@ -12,11 +12,13 @@ import torch
 
 from engine.config import EngineConfig
 from engine.core.outputs import LogprobsLists, ModelRunnerOutput
+from engine.core.sampling_params import SamplingParams
 from engine.core.sched_output import SchedulerOutput
 from engine.model_executor.forward_context import AttentionMetadata, set_forward_context
 from engine.model_executor.layers.cpu_linear import pack_linears
-from engine.model_executor.layers.sampler import Sampler, build_sampling_metadata
+from engine.model_executor.layers.sampler import Sampler, SamplerOutput, build_sampling_metadata
 from engine.model_executor.loader import KVCacheSpec, kv_cache_spec, load_model
+from engine.model_executor.models.llama import LlamaForCausalLM
 from engine.worker.cuda_graphs import GRAPH_BACKENDS, DecodeGraphs
 from engine.worker.input_batch import BatchInputs, CachedRequestState, build_batch
 from engine.worker.model_runner_output import (
@@ -26,12 +28,15 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 
 logger = logging.getLogger("stepscope")
 
+# What profiling and warm-up sample with: every sampling knob on, so their buffers are measured too.
+_PROFILE_PARAMS = SamplingParams(temperature=1.0, top_p=0.9, top_k=50, min_p=0.05)
+
 
 def default_step_overlap(async_scheduling: bool, device: torch.device) -> str:
     """Synchronous scheduling runs vLLM's split. Async scheduling launches each step without waiting,
-    which overlaps through the CUDA stream; a CPU runs the same code with nothing overlapping, because
-    the worker thread ("thread") measured slower there: the forward of a small model is mostly Python,
-    so the two threads take turns on the GIL (bench/async_scheduling.py measures all three)."""
+    which overlaps through the CUDA stream; a CPU runs the same code with nothing overlapping rather than
+    in a worker thread ("thread"): the forward of a small model is mostly Python, so two threads take
+    turns on the GIL (bench/async_scheduling.py compares all three)."""
     return "launch" if async_scheduling else "none"
 
 
@@ -43,7 +48,7 @@ class ModelRunner:
         self.block_size = config.cache_config.block_size
         self.requests: dict[str, CachedRequestState] = {}
         self.sampler = Sampler()
-        self.model: torch.nn.Module | None = None
+        self.model: LlamaForCausalLM | None = None
         self.kv_caches: list[torch.Tensor] = []
         self.graphs: DecodeGraphs | None = None
         # Launched steps whose tokens `sample_tokens` has not collected yet, oldest first.
@@ -58,12 +63,18 @@ class ModelRunner:
         self._pool: ThreadPoolExecutor | None = None
 
     # ---- start-up --------------------------------------------------------------------------------
+    def _loaded_model(self) -> LlamaForCausalLM:
+        if self.model is None:
+            raise RuntimeError("ModelRunner: load_model() must come first")
+        return self.model
+
     def load_model(self) -> None:
         mc = self.config.model_config
-        self.model = load_model(mc.hf_config, mc.model_dir, mc.load_format, self.dtype, self.device, mc.seed,
-                                attn_backend=self.config.device_config.attention_backend)
+        model = load_model(mc.hf_config, mc.model_dir, mc.load_format, self.dtype, self.device, mc.seed,
+                           attn_backend=self.config.device_config.attention_backend)
+        self.model = model
         if self.device.type == "cpu":
-            packing = pack_linears(self.model, batch_size_hint=self.config.scheduler_config.max_num_seqs)
+            packing = pack_linears(model, batch_size_hint=self.config.scheduler_config.max_num_seqs)
             if packing.upcast:
                 logger.info("%d linear layers in %s multiply in float32: oneDNN has no kernel for that dtype on "
                             "this CPU (bf16 needs AVX-512 or AVX-NE-CONVERT)", packing.upcast, self.dtype)
@@ -82,8 +93,11 @@ class ModelRunner:
         """A worst-case forward without KV cache (a full token budget, split into max_model_len
         sequences) plus sampling for max_num_seqs rows, to measure peak activation memory."""
         sc = self.config.scheduler_config
-        total = min(sc.max_num_batched_tokens, sc.max_model_len * sc.max_num_seqs)
-        lens = [sc.max_model_len] * (total // sc.max_model_len) + ([total % sc.max_model_len] if total % sc.max_model_len else [])
+        if sc.max_num_batched_tokens is None:
+            raise RuntimeError("SchedulerConfig: max_num_batched_tokens was not resolved")
+        model, max_len = self._loaded_model(), sc.max_model_len
+        total = min(sc.max_num_batched_tokens, max_len * sc.max_num_seqs)
+        lens = [max_len] * (total // max_len) + ([total % max_len] if total % max_len else [])
         qsl = np.concatenate([[0], np.cumsum(lens)]).tolist()
         ids = torch.zeros(total, dtype=torch.long, device=self.device)
         pos = torch.cat([torch.arange(n, device=self.device) for n in lens])
@@ -93,9 +107,9 @@ class ModelRunner:
                                  torch.zeros((len(lens), 1), dtype=torch.int32, device=self.device),
                                  max(lens), max(lens), 0, 0, qsl, lens)
         with set_forward_context(meta):
-            hidden = self.model(ids, pos)
+            hidden = model(ids, pos)
         rows = min(sc.max_num_seqs, total)
-        logits = self.model.compute_logits(hidden[:rows])
+        logits = model.compute_logits(hidden[:rows])
         self.sampler(logits, build_sampling_metadata([_PROFILE_PARAMS] * rows, {}, self.device))
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
@@ -108,7 +122,7 @@ class ModelRunner:
         spec = self.get_kv_cache_spec()
         backend = get_attn_backend(self.config.device_config.attention_backend, self.device,
                                    block_size=self.block_size, dtype=self.dtype, head_size=spec.head_size)
-        layers = self.model.attention_layers()
+        layers = self._loaded_model().attention_layers()
         shape = backend.get_kv_cache_shape(num_blocks, self.block_size, spec.num_kv_heads, spec.head_size)
         self.kv_caches = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in layers]
         for layer, cache in zip(layers, self.kv_caches):
@@ -119,8 +133,8 @@ class ModelRunner:
     def warm_up(self) -> None:
         """Run a tiny paged step through block 0 (the null block, never read for real requests).
 
-        On a CPU the C kernels are loaded here too (built, the first time on this machine, in about a
-        second each), so no step of a run pays for it."""
+        On a CPU the C kernels are loaded here too (built the first time on a machine), so no step of a
+        run pays for it."""
         if self.device.type == "cpu" and self.dtype == torch.float32:
             from engine.model_executor.attention import cpu_native
             from engine.model_executor.layers import cpu_ops
@@ -131,15 +145,16 @@ class ModelRunner:
         state = CachedRequestState("warmup", [0] * n, n, _PROFILE_PARAMS, [0], 0, None, None)
         batch = build_batch([state], [n], self.block_size)
         with set_forward_context(self._metadata(batch)):
-            self.model(*self._inputs(batch))
+            self._loaded_model()(*self._inputs(batch))
 
     def capture_cudagraphs(self) -> bool:
         """Capture decode graphs on CUDA unless --enforce-eager or the backend syncs with the host."""
-        backend = self.model.attention_layers()[0].backend.name
+        model = self._loaded_model()
+        backend = model.attention_layers()[0].backend.name
         if self.device.type != "cuda" or self.config.device_config.enforce_eager or backend not in GRAPH_BACKENDS:
             return False
         sc = self.config.scheduler_config
-        self.graphs = DecodeGraphs(self.model, self.device, sc.max_num_seqs, sc.max_model_len, self.block_size)
+        self.graphs = DecodeGraphs(model, self.device, sc.max_num_seqs, sc.max_model_len, self.block_size)
         self.graphs.capture()
         return True
 
@@ -159,7 +174,10 @@ class ModelRunner:
         for i, rid in enumerate(cached.req_ids):
             state = self.requests[rid]
             if cached.resumed_from_preemption[i]:
-                state.token_ids = list(cached.resumed_token_ids[i])
+                token_ids = cached.resumed_token_ids[i]
+                if token_ids is None:
+                    raise RuntimeError(f"request {rid}: resumed after preemption without its token ids")
+                state.token_ids = list(token_ids)
                 state.block_ids = list(cached.new_block_ids[i])
             else:
                 state.block_ids.extend(cached.new_block_ids[i])
@@ -225,12 +243,12 @@ class ModelRunner:
                        key=lambda kv: (kv[1] != 1, reqs[kv[0]].num_computed_tokens))
         states = [reqs[rid] for rid, _ in items]
         batch = build_batch(states, [n for _, n in items], self.block_size)
-        dst, src = self._placeholder_sources(batch)
+        placeholders = self._placeholder_sources(batch)
         dev = self.device
         graph = self.graphs is not None and self.graphs.can_run(len(batch.input_ids), batch.num_decodes == len(states))
         prep = PreparedStep(
             batch, to_device(batch.input_ids, dev), to_device(batch.positions, dev),
-            dst, src, None if graph else self._metadata(batch),
+            placeholders, None if graph else self._metadata(batch),
             (to_device(batch.slot_mapping, dev), to_device(np.asarray(batch.seq_lens, dtype=np.int32), dev),
              to_device(batch.block_table, dev)) if graph else None,
             None, None, [])
@@ -258,45 +276,48 @@ class ModelRunner:
         self._last_sample_rows = {batch.req_ids[r]: i for i, r in enumerate(rows)}
         return prep
 
-    def _placeholder_sources(self, batch: BatchInputs) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    def _placeholder_sources(self, batch: BatchInputs) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Batch positions fed by the previous step's sampled ids, and that step's rows for them.
 
         A placeholder the previous step does not sample can only be left by a step that failed, whose
         requests are being ended; it gets token 0, so the rest of the batch still runs."""
         positions = np.flatnonzero(batch.input_ids == PLACEHOLDER_TOKEN)
         if not len(positions):
-            return None, None
+            return None
         owner = np.searchsorted(np.cumsum(batch.query_lens), positions, side="right")
         prev_rows = self._last_sample_rows
         src = np.array([prev_rows.get(batch.req_ids[i], -1) for i in owner], dtype=np.int64)
         batch.input_ids[positions[src < 0]] = 0
         keep = src >= 0
         if not keep.any():
-            return None, None
+            return None
         return to_device(positions[keep], self.device), to_device(src[keep], self.device)
 
     def _forward(self, prep: PreparedStep) -> torch.Tensor | None:
         """Device work up to the logits of the rows that sample."""
         prev, self._prev_sampled = self._prev_sampled, None
-        ids = prep.input_ids
-        if prep.placeholder_dst is not None:
+        ids, model = prep.input_ids, self._loaded_model()
+        if prep.placeholders is not None:
+            dst, src = prep.placeholders
             if prev is None:  # the step that samples them failed: its requests are ended, see above
-                ids.index_fill_(0, prep.placeholder_dst, 0)
+                ids.index_fill_(0, dst, 0)
             else:
-                ids.index_copy_(0, prep.placeholder_dst, prev.index_select(0, prep.placeholder_src))
+                ids.index_copy_(0, dst, prev.index_select(0, src))
         if prep.graph_inputs is not None:
+            if self.graphs is None:
+                raise RuntimeError("a step prepared for a CUDA graph, but no graphs were captured")
             hidden = self.graphs.run(ids, prep.positions, *prep.graph_inputs)
         else:
             with set_forward_context(prep.metadata):
-                hidden = self.model(ids, prep.positions)
-        return None if prep.logits_index is None else self.model.compute_logits(hidden[prep.logits_index])
+                hidden = model(ids, prep.positions)
+        return None if prep.logits_index is None else model.compute_logits(hidden[prep.logits_index])
 
     def _sample(self, prep: PreparedStep, logits: torch.Tensor | None) -> StepOutput | None:
-        if logits is None:
+        if logits is None or prep.sampling is None:  # both are there exactly when a row samples
             return None
         for row, banned in prep.banned:  # vLLM's min-tokens rule: no EOS or stop token before min_tokens
             logits[row, banned] = float("-inf")
-        out = self.sampler(logits, prep.sampling)
+        out: SamplerOutput = self.sampler(logits, prep.sampling)
         self._prev_sampled = out.sampled_token_ids
         return StepOutput(out, self.device)
 
@@ -350,10 +371,3 @@ class ModelRunner:
             max_query_len=max(batch.query_lens), max_seq_len=max(batch.seq_lens),
             num_decodes=batch.num_decodes, num_decode_tokens=batch.num_decodes,
             query_start_loc_cpu=qsl, seq_lens_cpu=batch.seq_lens)
-
-
-class _ProfileParams:
-    temperature, top_p, top_k, min_p, logprobs, min_tokens, seed = 1.0, 0.9, 50, 0.05, None, 0, None
-
-
-_PROFILE_PARAMS = _ProfileParams()

@@ -1,21 +1,16 @@
 """What one launched step carries between the model runner's `execute_model` and `sample_tokens`.
 
-Async scheduling (a batch queue of two) asks the runner to launch step k+1 before step k's tokens have
-reached the host. Three ways of doing that, named by `STEP_OVERLAPS`:
-
-- "none": vLLM's synchronous split, the forward in `execute_model` and sampling in `sample_tokens`;
-  under async scheduling the previous step's sampling runs first thing in the next `execute_model`.
-- "launch" (the default under async scheduling): forward and sampling are queued together on the
-  device and the sampled ids start their copy to pinned host memory behind a CUDA event;
-  `sample_tokens` waits on that event. On CUDA this is the overlap (the host schedules and prepares
-  step k+1 while the device runs step k); on a CPU the ops run as they are queued, so nothing overlaps,
-  but the CUDA code runs and is tested there.
-- "thread": the "launch" work runs in one worker thread (torch releases the GIL inside its ops), so
-  the CPU's main thread schedules and prepares the next step meanwhile. It does overlap, but measured
-  slower on two cores: a small model's forward is mostly Python, and the threads queue for the GIL.
-
-In each, a step's decode inputs whose token the previous step samples (the scheduler's output
-placeholders) are copied from that step's sampled-id tensor where it lives, never through the host.
+Async scheduling (a batch queue of two) launches step k+1 before step k's tokens reach the host, in one
+of three ways (`STEP_OVERLAPS`):
+- "none": vLLM's synchronous split, forward in `execute_model`, sampling in `sample_tokens` (under async
+  scheduling the previous step's sampling runs first thing in the next `execute_model`).
+- "launch" (the default under async scheduling): forward and sampling are queued together and the
+  sampled ids copied to pinned host memory behind a CUDA event that `sample_tokens` waits on. On CUDA
+  the host prepares step k+1 while the device runs step k; a CPU runs the same code without overlap.
+- "thread": the "launch" work in a worker thread, so the CPU's main thread prepares the next step
+  meanwhile; it need not pay, as a small model's forward is mostly Python and the threads share the GIL.
+In each, decode inputs whose token the previous step samples (the scheduler's placeholders) are copied
+from that step's sampled-id tensor where it lives, never through the host.
 """
 from __future__ import annotations
 
@@ -26,12 +21,14 @@ import numpy as np
 import torch
 
 from engine.model_executor.forward_context import AttentionMetadata
-from engine.model_executor.layers.sampler import SamplerOutput, SamplingMetadata
+from engine.model_executor.layers.sampler import LogprobsTensors, SamplerOutput, SamplingMetadata
 from engine.worker.input_batch import BatchInputs
 
 STEP_OVERLAPS = ("none", "launch", "thread")
 # The runner's token list holds this where a token is sampled but not yet on the host.
 PLACEHOLDER_TOKEN = -1
+# LogprobsTensors on the host: per row the token ids and logprobs (sampled token first), and its rank.
+HostLogprobs = tuple[list[list[int]], list[list[float]], list[int]]
 
 
 @dataclass(slots=True)
@@ -42,8 +39,7 @@ class PreparedStep:
     input_ids: torch.Tensor
     positions: torch.Tensor
     # Flat batch positions whose token the previous step samples, and that step's sampled-id rows for them.
-    placeholder_dst: torch.Tensor | None
-    placeholder_src: torch.Tensor | None
+    placeholders: tuple[torch.Tensor, torch.Tensor] | None
     metadata: AttentionMetadata | None  # None when the step replays a CUDA graph
     graph_inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None  # slot_mapping, seq_lens, block_table
     logits_index: torch.Tensor | None  # the hidden-state rows that sample; None when no row samples
@@ -61,22 +57,28 @@ class StepOutput:
     __slots__ = ("sampled", "logprobs", "event")
 
     def __init__(self, out: SamplerOutput, device: torch.device) -> None:
-        lp = (out.logprob_token_ids, out.logprobs, out.ranks) if out.logprobs is not None else None
-        self.event = None
+        lp = out.logprobs_tensors
+        self.event: torch.cuda.Event | None = None
+        self.sampled: torch.Tensor
+        self.logprobs: LogprobsTensors | None
         if device.type != "cuda":
             self.sampled, self.logprobs = out.sampled_token_ids, lp
             return
         self.sampled = _to_pinned(out.sampled_token_ids)
-        self.logprobs = tuple(_to_pinned(t) for t in lp) if lp is not None else None
+        self.logprobs = None if lp is None else LogprobsTensors(
+            _to_pinned(lp.logprob_token_ids), _to_pinned(lp.logprobs), _to_pinned(lp.selected_token_ranks))
         # A blocking event: the host sleeps in `synchronize` instead of spinning on the driver.
         self.event = torch.cuda.Event(blocking=True)
         self.event.record()
 
-    def to_host(self) -> tuple[list[int], tuple[list, list, list] | None]:
+    def to_host(self) -> tuple[list[int], HostLogprobs | None]:
         if self.event is not None:
             self.event.synchronize()
         lp = self.logprobs
-        return self.sampled.tolist(), (tuple(t.tolist() for t in lp) if lp is not None else None)
+        if lp is None:
+            return self.sampled.tolist(), None
+        return self.sampled.tolist(), (lp.logprob_token_ids.tolist(), lp.logprobs.tolist(),
+                                       lp.selected_token_ranks.tolist())
 
 
 @dataclass(slots=True)

@@ -5,7 +5,7 @@ import logging
 
 import torch
 
-from engine.config import OPENMP_SPIN_BOUNDED, EngineConfig, default_num_threads
+from engine.config import EngineConfig, bound_openmp_spin, default_num_threads
 from engine.core.outputs import ModelRunnerOutput
 from engine.core.sched_output import SchedulerOutput
 from engine.model_executor.loader import KVCacheSpec
@@ -27,18 +27,26 @@ class Worker:
             torch.cuda.empty_cache()
         else:
             threads = self.config.device_config.num_threads or default_num_threads()
-            if threads > 1 and not OPENMP_SPIN_BOUNDED:
-                logger.warning("torch was imported before engine.config: OpenMP threads spin-wait and "
-                               "%d threads can run far slower than 1 beside a busy process", threads)
+            if threads > 1 and not bound_openmp_spin():
+                logger.warning("torch was loaded before the engine bounded OpenMP spin-waiting "
+                               "(engine.config.bound_openmp_spin): %d threads can run far slower than 1 "
+                               "beside a busy process", threads)
             torch.set_num_threads(threads)
         torch.manual_seed(self.config.model_config.seed)
         self.model_runner = ModelRunner(self.config, self.device)
 
-    def describe_device(self) -> dict:
+    @property
+    def runner(self) -> ModelRunner:
+        """The model runner, which exists from `init_device` on."""
+        if self.model_runner is None:
+            raise RuntimeError("Worker: init_device() must come first")
+        return self.model_runner
+
+    def describe_device(self) -> dict[str, str | int]:
         """What a trace records about the hardware the run used."""
         import platform
 
-        info = {"type": self.device.type, "torch": torch.__version__}
+        info: dict[str, str | int] = {"type": self.device.type, "torch": str(torch.__version__)}
         if self.device.type == "cuda":
             info["name"] = torch.cuda.get_device_name(self.device)
             info["memory_bytes"] = torch.cuda.get_device_properties(self.device).total_memory
@@ -48,13 +56,13 @@ class Worker:
         return info
 
     def load_model(self) -> None:
-        self.model_runner.load_model()
+        self.runner.load_model()
 
     def get_kv_cache_spec(self) -> KVCacheSpec:
-        return self.model_runner.get_kv_cache_spec()
+        return self.runner.get_kv_cache_spec()
 
     def get_kv_bytes_per_block(self) -> int:
-        return self.model_runner.get_kv_bytes_per_block()
+        return self.runner.get_kv_bytes_per_block()
 
     def determine_available_memory(self) -> dict:
         """CUDA: profile a worst-case forward and apply the seed's arithmetic,
@@ -64,7 +72,7 @@ class Worker:
         torch.cuda.synchronize(self.device)
         free_at_start, total = torch.cuda.mem_get_info(self.device)
         torch.cuda.reset_peak_memory_stats(self.device)
-        self.model_runner.profile_run()
+        self.runner.profile_run()
         torch.cuda.synchronize(self.device)
         peak = torch.cuda.max_memory_allocated(self.device)
         util = self.config.cache_config.gpu_memory_utilization
@@ -75,13 +83,13 @@ class Worker:
                 "peak": peak, "available": int(budget - peak)}
 
     def initialize_cache(self, num_blocks: int) -> None:
-        self.model_runner.initialize_kv_cache(num_blocks)
+        self.runner.initialize_kv_cache(num_blocks)
 
     def compile_or_warm_up_model(self) -> None:
-        self.model_runner.warm_up()
+        self.runner.warm_up()
 
     def capture_cudagraphs(self) -> bool:
-        return self.model_runner.capture_cudagraphs()
+        return self.runner.capture_cudagraphs()
 
     def set_sync_timing(self, enabled: bool) -> None:
         """When traced, wait for the device after the forward so the execute span covers the GPU work.
@@ -89,15 +97,15 @@ class Worker:
         self.sync_timing = enabled
 
     def get_step_overlap(self) -> str:
-        return self.model_runner.step_overlap
+        return self.runner.step_overlap
 
     def set_step_overlap(self, mode: str) -> None:
-        self.model_runner.set_step_overlap(mode)
+        self.runner.set_step_overlap(mode)
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> None:
-        self.model_runner.execute_model(scheduler_output)
-        if self.sync_timing and self.device.type == "cuda" and self.model_runner.step_overlap == "none":
+        self.runner.execute_model(scheduler_output)
+        if self.sync_timing and self.device.type == "cuda" and self.runner.step_overlap == "none":
             torch.cuda.synchronize(self.device)
 
     def sample_tokens(self) -> ModelRunnerOutput:
-        return self.model_runner.sample_tokens()
+        return self.runner.sample_tokens()

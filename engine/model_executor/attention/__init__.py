@@ -7,34 +7,15 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from typing import Protocol
 
 import torch
 
+from engine.model_executor.attention.abstract import AttentionBackend
 from engine.model_executor.attention.torch_backend import TorchAttentionBackend
-from engine.model_executor.forward_context import AttentionMetadata
+
+__all__ = ["AttentionBackend", "AttentionBackendUnavailableError", "BACKEND_NAMES", "get_attn_backend"]
 
 BACKEND_NAMES = ("auto", "torch", "triton", "flash-attn")
-
-
-class AttentionBackend(Protocol):
-    """What the layer and the runner call; backends are classes of static methods."""
-
-    name: str
-
-    @staticmethod
-    def get_kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_size: int) -> tuple[int, ...]: ...
-
-    @staticmethod
-    def reshape_and_cache(
-        key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor
-    ) -> None: ...
-
-    @staticmethod
-    def forward(
-        q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor | None,
-        meta: AttentionMetadata | None, scale: float,
-    ) -> torch.Tensor: ...
 
 
 class AttentionBackendUnavailableError(NotImplementedError, ValueError):

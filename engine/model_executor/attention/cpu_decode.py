@@ -7,12 +7,11 @@ in place, through one index list that every layer of a step shares:
 
 - scores: a sparse sampled matmul, q . k only at (head row, cache row) pairs the block tables name;
 - softmax: over the ragged rows of scores placed in a [rows, longest context] grid padded with -inf,
-  one call for the step (64 per-sequence calls and their views were half the step's torch calls);
+  one call for the step rather than one (and its views) per sequence;
 - output: embedding_bag with the probabilities as per-sample weights, a weighted sum of V rows.
 
-On a hidden-512 Qwen3 step of 64 decodes (contexts 40-384, block 16, 1 thread) this took 2.3 ms a
-layer against 4.8 ms for gather + SDPA. Only float32 caches take it: embedding_bag and the sampled
-matmul would accumulate a half-precision cache in half precision.
+Only float32 caches take it: embedding_bag and the sampled matmul would accumulate a half-precision
+cache in half precision.
 """
 from __future__ import annotations
 

@@ -50,6 +50,8 @@ def paged_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Te
     over each sequence's first seq_lens[i] cache positions, read through block_tables [>= num_seqs, W];
     in float32 throughout, a bf16 cache's values widened as they are read."""
     fn = load()
+    if fn is None:
+        raise RuntimeError("native decode kernel: not available here; callers ask `supports` first")
     num_seqs, num_heads, head_size = q.shape
     _, _, block_size, num_kv_heads, cache_head_size = kv_cache.shape
     assert cache_head_size == head_size and num_heads % num_kv_heads == 0, (q.shape, kv_cache.shape)

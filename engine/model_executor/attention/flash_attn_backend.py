@@ -14,7 +14,8 @@ import torch
 import torch.nn.functional as F
 
 from engine.model_executor.attention import torch_backend
-from engine.model_executor.attention.paged import paged_forward
+from engine.model_executor.attention.abstract import AttentionBackend
+from engine.model_executor.attention.paged import paged_backend_forward
 from engine.model_executor.forward_context import AttentionMetadata
 
 try:
@@ -29,8 +30,9 @@ else:
 
 try:
     from engine.model_executor.attention import triton_cache
+    HAS_TRITON_CACHE = True
 except ImportError:  # no triton: the torch scatter works too, at the cost of one host sync
-    triton_cache = None
+    HAS_TRITON_CACHE = False
 
 PAGED_BLOCK_MULTIPLE = 256
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
@@ -61,7 +63,7 @@ def reshape_and_cache(
     key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor
 ) -> None:
     """Scatter this step's K/V [T, kvh, d] into their cache slots; slot -1 marks padding and is skipped."""
-    if triton_cache is not None and kv_cache.is_cuda:
+    if HAS_TRITON_CACHE and kv_cache.is_cuda:
         triton_cache.store_kvcache(key, value, kv_cache, slot_mapping)
     else:
         torch_backend.reshape_and_cache(key, value, kv_cache, slot_mapping)
@@ -89,20 +91,12 @@ def _prefill(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, s
     )
 
 
-def forward(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    kv_cache: torch.Tensor | None,
-    meta: AttentionMetadata | None,
-    scale: float,
-) -> torch.Tensor:
-    """Same contract as the torch backend (the shared steps are in attention/paged.py)."""
-    return paged_forward(q, k, v, kv_cache, meta, scale, store=reshape_and_cache, decode=_decode,
-                         prefill=_prefill, check=lambda q, kv: _check(kv.shape[2], q.dtype, q.shape[-1]))
+# Same contract as the torch backend (the shared steps are in attention/paged.py).
+forward = paged_backend_forward(store=reshape_and_cache, decode=_decode, prefill=_prefill,
+                                check=lambda q, kv: _check(kv.shape[2], q.dtype, q.shape[-1]))
 
 
-class FlashAttentionBackend:
+class FlashAttentionBackend(AttentionBackend):
     """Backend interface of TorchAttentionBackend, on flash-attn's paged varlen and kv-cache kernels."""
 
     name = "flash-attn"
@@ -112,7 +106,7 @@ class FlashAttentionBackend:
         reason = unsupported_reason(block_size=block_size, head_size=head_size)
         if reason is not None:
             raise RuntimeError(reason)
-        return (2, num_blocks, block_size, num_kv_heads, head_size)
+        return AttentionBackend.get_kv_cache_shape(num_blocks, block_size, num_kv_heads, head_size)
 
     reshape_and_cache = staticmethod(reshape_and_cache)
     forward = staticmethod(forward)

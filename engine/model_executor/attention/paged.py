@@ -9,16 +9,18 @@ from collections.abc import Callable
 import torch
 
 from engine.model_executor.attention import torch_backend
+from engine.model_executor.attention.abstract import AttentionForward, KVStore
 from engine.model_executor.forward_context import AttentionMetadata
 
 # (q, kv_cache, meta, scale, out, num_decodes) -> None: fills its rows of `out`.
 Kernel = Callable[[torch.Tensor, torch.Tensor, AttentionMetadata, float, torch.Tensor, int], None]
-Store = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], None]
+# (q, kv_cache) -> None: raises where the backend cannot take these inputs.
+Check = Callable[[torch.Tensor, torch.Tensor], None]
 
 
 def paged_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor | None,
-                  meta: AttentionMetadata | None, scale: float, *, store: Store, decode: Kernel,
-                  prefill: Kernel, check: Callable[[torch.Tensor, torch.Tensor], None] | None = None) -> torch.Tensor:
+                  meta: AttentionMetadata | None, scale: float, *, store: KVStore, decode: Kernel,
+                  prefill: Kernel, check: Check | None = None) -> torch.Tensor:
     """The backend contract of torch_backend.forward, with the kernels plugged in."""
     if meta is None or kv_cache is None:
         return torch_backend.forward(q, k, v, kv_cache, meta, scale)
@@ -35,3 +37,13 @@ def paged_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: t
     if meta.num_seqs > nd:
         prefill(q, kv_cache, meta, scale, out, nd)
     return out
+
+
+def paged_backend_forward(*, store: KVStore, decode: Kernel, prefill: Kernel,
+                          check: Check | None = None) -> AttentionForward:
+    """A backend's `forward`: `paged_forward` with its kernels bound."""
+    def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor | None,
+                meta: AttentionMetadata | None, scale: float) -> torch.Tensor:
+        return paged_forward(q, k, v, kv_cache, meta, scale, store=store, decode=decode, prefill=prefill, check=check)
+
+    return forward

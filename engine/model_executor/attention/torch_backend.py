@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.model_executor.attention import cpu_decode, cpu_native
+from engine.model_executor.attention.abstract import AttentionBackend
 from engine.model_executor.forward_context import AttentionMetadata
 
 
@@ -35,7 +36,7 @@ def causal_attention(
     num_q, num_heads, _ = q.shape
     num_k = k.shape[0]
     assert num_k == context_len + num_q, (num_k, context_len, num_q)
-    # 4-D [1, heads, L, d]: with 3-D inputs SDPA on CPU takes its math kernel, about 7x slower here.
+    # 4-D [1, heads, L, d]: with 3-D inputs SDPA on CPU falls back to its much slower math kernel.
     qf = q.transpose(0, 1).float()[None]
     kf = k.transpose(0, 1).float()[None]
     vf = v.transpose(0, 1).float()[None]
@@ -52,21 +53,15 @@ def causal_attention(
 DECODE_GROUP = 8
 
 
-def paged_decode(
-    q: torch.Tensor,
-    kv_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    seq_lens: torch.Tensor,
-    max_seq_len: int,
-    scale: float,
-) -> torch.Tensor:
+def paged_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
+                 max_seq_len: int, scale: float) -> torch.Tensor:
     """All single-token queries at once: gather their blocks, mask past seq_len, one fused SDPA call
     with grouped-query heads (no K/V repeat)."""
     num_seqs, num_heads, head_size = q.shape
     block_size, num_kv_heads = kv_cache.shape[2], kv_cache.shape[3]
     num_blocks = -(-max_seq_len // block_size)
     length = num_blocks * block_size
-    # index_select of whole blocks is about ten times faster on CPU than advanced indexing.
+    # index_select copies whole blocks; advanced indexing is far slower on CPU for the same gather.
     kv = kv_cache.index_select(1, block_tables[:, :num_blocks].reshape(-1))
     kv = kv.view(2, num_seqs, length, num_kv_heads, head_size).transpose(2, 3).float()
     k, v = kv[0], kv[1]
@@ -154,14 +149,9 @@ def forward(
     return out
 
 
-class TorchAttentionBackend:
-    """Backend interface (name, cache shape, cache write, attention) implemented with torch ops."""
+class TorchAttentionBackend(AttentionBackend):
+    """The backend interface implemented with torch ops."""
 
     name = "torch"
-
-    @staticmethod
-    def get_kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_size: int) -> tuple[int, ...]:
-        return (2, num_blocks, block_size, num_kv_heads, head_size)
-
     reshape_and_cache = staticmethod(reshape_and_cache)
     forward = staticmethod(forward)

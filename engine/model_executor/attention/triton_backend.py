@@ -8,7 +8,8 @@ from __future__ import annotations
 import torch
 
 from engine.model_executor.attention import triton_cache, triton_decode, triton_prefill
-from engine.model_executor.attention.paged import paged_forward
+from engine.model_executor.attention.abstract import AttentionBackend
+from engine.model_executor.attention.paged import paged_backend_forward
 from engine.model_executor.forward_context import AttentionMetadata
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -50,20 +51,11 @@ def _prefill(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, s
                                  nd, meta.num_seqs - nd, meta.max_query_len, scale, out)
 
 
-def forward(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    kv_cache: torch.Tensor | None,
-    meta: AttentionMetadata | None,
-    scale: float,
-) -> torch.Tensor:
-    """Same contract as the torch backend (the shared steps are in attention/paged.py)."""
-    return paged_forward(q, k, v, kv_cache, meta, scale, store=reshape_and_cache, decode=_decode,
-                         prefill=_prefill, check=_check)
+# Same contract as the torch backend (the shared steps are in attention/paged.py).
+forward = paged_backend_forward(store=reshape_and_cache, decode=_decode, prefill=_prefill, check=_check)
 
 
-class TritonAttentionBackend:
+class TritonAttentionBackend(AttentionBackend):
     """Backend interface of TorchAttentionBackend, on Triton kernels (CUDA, or CPU under the interpreter)."""
 
     name = "triton"
@@ -71,7 +63,7 @@ class TritonAttentionBackend:
     @staticmethod
     def get_kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_size: int) -> tuple[int, ...]:
         check_head_size(head_size)
-        return (2, num_blocks, block_size, num_kv_heads, head_size)
+        return AttentionBackend.get_kv_cache_shape(num_blocks, block_size, num_kv_heads, head_size)
 
     reshape_and_cache = staticmethod(reshape_and_cache)
     forward = staticmethod(forward)

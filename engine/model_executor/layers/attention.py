@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from engine.model_executor.attention.abstract import AttentionBackend
 from engine.model_executor.attention.torch_backend import TorchAttentionBackend
 from engine.model_executor.forward_context import get_forward_context
 
@@ -33,7 +34,7 @@ class Attention(nn.Module):
         self.scale = scale
         self.layer_idx = layer_idx
         self.backend_name = backend
-        self.backend = TorchAttentionBackend
+        self.backend: type[AttentionBackend] = TorchAttentionBackend
         self.kv_cache: torch.Tensor | None = None
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

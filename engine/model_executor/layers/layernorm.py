@@ -18,7 +18,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     inv_rms = xf.pow(2).mean(dim=-1, keepdim=True).add_(eps).rsqrt_()
     y = (xf * inv_rms).to(x.dtype)
     if weight.dtype == y.dtype and weight.shape == y.shape[y.dim() - weight.dim():]:
-        return y.mul_(weight)  # the usual case, decided without torch's broadcasting helpers (~40 us a call)
+        return y.mul_(weight)  # the usual case, decided without torch's broadcasting helpers (slow per call)
     if torch.result_type(y, weight) != y.dtype or y.shape != torch.broadcast_shapes(y.shape, weight.shape):
         return weight * y
     return y.mul_(weight)

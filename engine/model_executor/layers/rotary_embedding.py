@@ -12,6 +12,7 @@ from torch import nn
 def rope_params_from_config(hf_config: Any) -> tuple[float, dict | None]:
     """(theta, scaling dict or None) from either transformers 5 `rope_parameters` or 4.x `rope_theta`/`rope_scaling`."""
     params = getattr(hf_config, "rope_parameters", None)
+    scaling: dict[str, Any] | None
     if isinstance(params, dict) and "rope_theta" in params:
         theta = float(params["rope_theta"])
         scaling = params
@@ -59,6 +60,8 @@ class RopeInputs:
 
 class RotaryEmbedding(nn.Module):
     """Rotates the first `rotary_dim` features of each q/k head by angles looked up from `positions`."""
+
+    cos_sin_cache: torch.Tensor  # [max_position, rotary_dim]: cos half, sin half (a buffer)
 
     def __init__(
         self, head_size: int, rotary_dim: int, max_position: int, base: float, scaling: dict | None = None

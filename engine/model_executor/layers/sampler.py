@@ -2,12 +2,13 @@
 per-request seeded generators and top-k logprobs of the raw logits, all as whole-batch tensor ops."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import nn
+
+from engine.core.sampling_params import SamplingParams
 
 _GREEDY_EPS = 1e-5  # a temperature below this means argmax, as in vLLM
 
@@ -25,16 +26,21 @@ class SamplingMetadata:
 
 
 @dataclass(slots=True)
+class LogprobsTensors:
+    logprob_token_ids: torch.Tensor  # int64 [N, 1+k]: sampled token then top-k ids
+    logprobs: torch.Tensor  # float32 [N, 1+k]
+    selected_token_ranks: torch.Tensor  # int64 [N]: 1-based rank of the sampled token under the raw logits
+
+
+@dataclass(slots=True)
 class SamplerOutput:
     sampled_token_ids: torch.Tensor  # int64 [N]
-    logprob_token_ids: torch.Tensor | None  # int64 [N, 1+k]: sampled token then top-k ids
-    logprobs: torch.Tensor | None  # float32 [N, 1+k]
-    ranks: torch.Tensor | None  # int64 [N]: 1-based rank of the sampled token under the raw logits
+    logprobs_tensors: LogprobsTensors | None  # None when no row asked for logprobs
 
 
-def build_sampling_metadata(params_list: Sequence[Any], generators: dict[int, torch.Generator],
+def build_sampling_metadata(params_list: Sequence[SamplingParams], generators: dict[int, torch.Generator],
                             device: torch.device | str) -> SamplingMetadata:
-    """Pack per-request SamplingParams-like objects into batch tensors, leaving out unused knobs."""
+    """Pack per-request SamplingParams into batch tensors, leaving out unused knobs."""
     temps = [float(p.temperature) for p in params_list]
     greedy = [t < _GREEDY_EPS for t in temps]
     top_p = [float(p.top_p) for p in params_list]
@@ -42,7 +48,7 @@ def build_sampling_metadata(params_list: Sequence[Any], generators: dict[int, to
     min_p = [float(p.min_p) for p in params_list]
     num_logprobs = [p.logprobs for p in params_list if p.logprobs is not None]
 
-    def tensor(xs: list, dtype: torch.dtype) -> torch.Tensor:
+    def tensor(xs: list[float] | list[int], dtype: torch.dtype) -> torch.Tensor:
         return torch.tensor(xs, dtype=dtype, device=device)
 
     return SamplingMetadata(
@@ -100,15 +106,14 @@ def random_sample(probs: torch.Tensor, generators: dict[int, torch.Generator]) -
     return probs.div(noise).argmax(dim=-1)
 
 
-def compute_logprobs(raw_logprobs: torch.Tensor, sampled: torch.Tensor, num: int
-                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def compute_logprobs(raw_logprobs: torch.Tensor, sampled: torch.Tensor, num: int) -> LogprobsTensors:
     """Logprobs of the sampled token followed by the top-`num` tokens, and the sampled token's rank."""
     sampled = sampled.unsqueeze(-1)
     sampled_lp = raw_logprobs.gather(-1, sampled)
     ranks = (raw_logprobs >= sampled_lp).sum(dim=-1)
     top_lp, top_ids = raw_logprobs.topk(min(num, raw_logprobs.shape[-1]), dim=-1)
     ids = torch.cat([sampled, top_ids], dim=-1)
-    return ids, torch.cat([sampled_lp, top_lp], dim=-1), ranks
+    return LogprobsTensors(ids, torch.cat([sampled_lp, top_lp], dim=-1), ranks)
 
 
 class Sampler(nn.Module):
@@ -116,18 +121,18 @@ class Sampler(nn.Module):
 
     def forward(self, logits: torch.Tensor, meta: SamplingMetadata) -> SamplerOutput:
         logits = logits.float()
-        raw_logprobs = logits.log_softmax(dim=-1) if meta.max_num_logprobs is not None else None
+        num_logprobs = meta.max_num_logprobs
+        if num_logprobs is None:
+            return SamplerOutput(self.sample(logits, meta), None)
+        raw_logprobs = logits.log_softmax(dim=-1)
         sampled = self.sample(logits, meta)
-        if raw_logprobs is None:
-            return SamplerOutput(sampled, None, None, None)
-        ids, lps, ranks = compute_logprobs(raw_logprobs, sampled, meta.max_num_logprobs)
-        return SamplerOutput(sampled, ids, lps, ranks)
+        return SamplerOutput(sampled, compute_logprobs(raw_logprobs, sampled, num_logprobs))
 
     def sample(self, logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
-        greedy = None if meta.all_random else logits.argmax(dim=-1)
-        if meta.all_greedy:
-            return greedy
         temp = meta.temperature
+        if meta.all_greedy or temp is None:  # temperature is None exactly when every row is greedy
+            return logits.argmax(dim=-1)
+        greedy = None if meta.all_random else logits.argmax(dim=-1)
         logits = logits / torch.where(temp < _GREEDY_EPS, 1.0, temp).unsqueeze(-1)
         logits = apply_top_k_top_p(logits, meta.top_k, meta.top_p)
         if meta.min_p is not None:

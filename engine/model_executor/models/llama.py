@@ -5,8 +5,8 @@ Projections are merged (qkv, gate_up) so each layer runs two big matmuls instead
 """
 from __future__ import annotations
 
-from typing import Any
 from collections.abc import Iterable
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -59,10 +59,10 @@ class LlamaAttention(nn.Module):
 
     def _native_qk(self, rope: RopeInputs, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
         """q and k normed and rotated in one pass by cpu_ops, or None where it does not take them."""
-        norms = (self.q_norm.weight, self.k_norm.weight) if self.qk_norm else (None, None)
-        eps = self.q_norm.eps if self.qk_norm else 0.0
+        q_weight, k_weight, eps = ((self.q_norm.weight, self.k_norm.weight, self.q_norm.eps) if self.qk_norm
+                                   else (None, None, 0.0))
         return cpu_ops.qk_norm_rope(qkv, self.num_heads, self.num_kv_heads, self.head_dim, self.rotary_emb.rotary_dim,
-                                    self.rotary_emb.cos_sin_cache, rope.positions, *norms, eps)
+                                    self.rotary_emb.cos_sin_cache, rope.positions, q_weight, k_weight, eps)
 
     def _qk(self, rope: RopeInputs, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         num_tokens, heads = qkv.shape[0], self.num_heads + self.num_kv_heads
@@ -76,10 +76,9 @@ class LlamaAttention(nn.Module):
         return qk[:, : self.num_heads].flatten(1), qk[:, self.num_heads :].flatten(1)
 
 
-# Rows per MLP pass on a CPU. A long prefill's [T, 2 * intermediate] activation does not fit in cache;
-# passes of 512 rows keep it there: on a hidden-512 layer (intermediate 1536, 8,192 rows, 1 thread)
-# the MLP took 248 ms against 302 ms in one pass, with the same result to float32 rounding (bit for bit there;
-# a short last pass may be blocked differently by the GEMM).
+# Rows per MLP pass on a CPU: a long prefill's [T, 2 * intermediate] activation does not fit in cache, and
+# passes of this many rows keep it there. The result is the same to float32 rounding (a short last pass
+# may be blocked differently by the GEMM).
 CPU_MLP_ROWS = 512
 
 
@@ -153,14 +152,14 @@ class LlamaForCausalLM(nn.Module):
     o_bias: bool | None = None
     qk_norm: bool = False
     # checkpoint name -> (merged parameter, shard id)
-    stacked_params = {
+    stacked_params: ClassVar[dict[str, tuple[str, str | int]]] = {
         "q_proj": ("qkv_proj", "q"),
         "k_proj": ("qkv_proj", "k"),
         "v_proj": ("qkv_proj", "v"),
         "gate_proj": ("gate_up_proj", 0),
         "up_proj": ("gate_up_proj", 1),
     }
-    merged_shards = {"qkv_proj": {"q", "k", "v"}, "gate_up_proj": {0, 1}}
+    merged_shards: ClassVar[dict[str, set[str | int]]] = {"qkv_proj": {"q", "k", "v"}, "gate_up_proj": {0, 1}}
 
     def __init__(self, config: Any, attn_backend: str = "auto") -> None:
         super().__init__()
@@ -191,16 +190,17 @@ class LlamaForCausalLM(nn.Module):
 
     def attention_layers(self) -> list[Attention]:
         """In layer order, for the runner to bind one KV cache tensor per layer."""
-        return [layer.self_attn.attn for layer in self.model.layers]
+        return [m for m in self.modules() if isinstance(m, Attention)]
 
-    def _shard_range(self, merged: str, shard: str | int) -> tuple[int, int]:
-        attn = self.model.layers[0].self_attn
+    def shard_range(self, merged: str, shard: str | int) -> tuple[int, int]:
+        """(start, rows) of checkpoint tensor `shard` inside merged parameter `merged`."""
         if merged == "qkv_proj":
-            return {
-                "q": (0, attn.q_size),
-                "k": (attn.q_size, attn.kv_size),
-                "v": (attn.q_size + attn.kv_size, attn.kv_size),
-            }[shard]
+            attn = self.attention_layers()[0]
+            q_size, kv_size = attn.num_heads * attn.head_size, attn.num_kv_heads * attn.head_size
+            ranges = {"q": (0, q_size), "k": (q_size, kv_size), "v": (q_size + kv_size, kv_size)}
+            if not isinstance(shard, str) or shard not in ranges:
+                raise ValueError(f"qkv_proj has shards q, k and v, not {shard!r}")
+            return ranges[shard]
         size = self.config.intermediate_size
         return int(shard) * size, size
 
@@ -209,7 +209,7 @@ class LlamaForCausalLM(nn.Module):
         """Copy HF-named tensors in, cast to this model's dtype/device; returns the names of fully filled parameters."""
         params = dict(self.named_parameters())
         loaded: set[str] = set()
-        shards_seen: dict[str, set] = {}
+        shards_seen: dict[str, set[str | int]] = {}
         for name, tensor in weights:
             if "rotary_emb." in name or (self.tie_word_embeddings and name.startswith("lm_head.")):
                 continue
@@ -222,7 +222,7 @@ class LlamaForCausalLM(nn.Module):
                 raise ValueError(f"checkpoint tensor {name!r} has no matching parameter in {type(self).__name__}")
             dest = params[target].data
             if shard is not None:
-                dest = dest.narrow(0, *self._shard_range(merged, shard))
+                dest = dest.narrow(0, *self.shard_range(merged, shard))
             if dest.shape != tensor.shape:
                 raise ValueError(
                     f"shape mismatch for {name!r}: checkpoint {tuple(tensor.shape)}, model {tuple(dest.shape)}"

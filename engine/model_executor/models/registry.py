@@ -4,7 +4,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from torch import nn
+from engine.model_executor.models.llama import LlamaForCausalLM
 
 _MODELS: dict[str, tuple[str, str]] = {
     "LlamaForCausalLM": ("llama", "LlamaForCausalLM"),
@@ -19,13 +19,17 @@ def supported_architectures() -> list[str]:
     return sorted(_MODELS)
 
 
-def get_model_class(architecture: str) -> type[nn.Module]:
+def get_model_class(architecture: str) -> type[LlamaForCausalLM]:
+    """Every architecture served is a variant of the one Llama-family decoder (models/llama.py)."""
     if architecture not in _MODELS:
         raise ValueError(
             f"unsupported model architecture {architecture!r}; supported: {', '.join(supported_architectures())}"
         )
-    module, cls = _MODELS[architecture]
-    return getattr(importlib.import_module(f"engine.model_executor.models.{module}"), cls)
+    module, name = _MODELS[architecture]
+    cls = getattr(importlib.import_module(f"engine.model_executor.models.{module}"), name)
+    if not (isinstance(cls, type) and issubclass(cls, LlamaForCausalLM)):
+        raise TypeError(f"engine.model_executor.models.{module}.{name} is not a LlamaForCausalLM")
+    return cls
 
 
 def resolve_architecture(hf_config: Any) -> str:

@@ -151,37 +151,61 @@ static inline const float *block_rows(cache_t c, int64_t off, int64_t row_stride
     return tmp;
 }
 
+/* Where one work item's context lies: its block table, and the part of each cache row its kv heads span
+ * (from its first kv head's vector on). Heads h_first .. h_first+h_count-1 read kv head h / group. */
+typedef struct {
+    const int32_t *table;
+    int seq_len, num_blocks, block_size, head_size, group, h_first, h_count;
+    int64_t row_stride, block_stride, item_off, span, elem, row_bytes;
+} item_t;
+
+/* One pass over an item's context: pass 1 (weigh = 0) fills scores[h][t] = scale * q_h . k_t from the K
+ * cache, pass 2 (weigh = 1) adds p[h][t] * v_t into acc[h] from the V cache (p is scores by then). Both go
+ * through a block four rows at a time, every head at each, so its rows are read front to back; and they
+ * ask for the same rows of the next block meanwhile, since blocks lie scattered and the hardware
+ * prefetcher stops at each one's end. Inlined with `weigh` constant, so each pass has its own loop. */
+static inline __attribute__((always_inline)) void item_pass(const item_t *it, cache_t cache, int weigh,
+                                                            const float *q, float scale, float *scores,
+                                                            float *acc, float *rows_tmp) {
+    for (int b = 0; b < it->num_blocks; b++) {
+        const int64_t boff = it->table[b] * it->block_stride + it->item_off;
+        const int t0 = b * it->block_size;
+        const int rows = it->seq_len - t0 < it->block_size ? it->seq_len - t0 : it->block_size;
+        const char *next = b + 1 < it->num_blocks
+                               ? cache.base + (it->table[b + 1] * it->block_stride + it->item_off) * it->elem
+                               : NULL;
+        int64_t rs;
+        const float *block = block_rows(cache, boff, it->row_stride, rows, it->span, rows_tmp, &rs);
+        for (int r0 = 0; r0 < rows; r0 += 4) {
+            const int n = rows - r0 < 4 ? rows - r0 : 4;
+            if (next != NULL) prefetch_rows(next + r0 * it->row_bytes, it->row_bytes, n, it->span * it->elem);
+            for (int hi = 0; hi < it->h_count; hi++) {
+                const float *kv = block + r0 * rs + (int64_t)(hi / it->group) * it->head_size;
+                float *s = scores + (int64_t)hi * it->seq_len + t0 + r0;
+                if (weigh)
+                    weigh_rows_any(s, kv, rs, n, it->head_size, acc + (int64_t)hi * it->head_size);
+                else
+                    score_rows_any(q + (int64_t)(it->h_first + hi) * it->head_size, kv, rs, n, it->head_size,
+                                   scale, s);
+            }
+        }
+    }
+}
+
 static void decode_item(const float *q, cache_t k_cache, cache_t v_cache, const int32_t *table,
                         int seq_len, int num_heads, int num_kv_heads, int kv_first, int kv_count, int head_size,
                         int block_size, float scale, float *out, float *scores, float *acc, float *rows_tmp) {
     const int group = num_heads / num_kv_heads;
-    const int h_first = kv_first * group, h_count = kv_count * group;
+    const int h_count = kv_count * group;
     const int64_t row_stride = (int64_t)num_kv_heads * head_size;
-    const int64_t block_stride = (int64_t)block_size * row_stride;
-    const int num_blocks = (seq_len + block_size - 1) / block_size;
-    const int64_t elem = k_cache.bf16 ? 2 : 4, row_bytes = row_stride * elem;
-    /* The part of a row this item reads starts at its first kv head's vector. Both passes go through a
-     * block four rows at a time, every head at each, so its rows are read front to back; and they ask
-     * for the same rows of the next block meanwhile, since blocks lie scattered and the hardware
-     * prefetcher stops at each one's end. */
-    const int64_t item_off = (int64_t)kv_first * head_size, span = (int64_t)kv_count * head_size;
-    /* Pass 1: scores[h][t] = scale * q_h . k_t, a block at a time. */
-    for (int b = 0; b < num_blocks; b++) {
-        const int64_t boff = table[b] * block_stride + item_off;
-        const int t0 = b * block_size, rows = seq_len - t0 < block_size ? seq_len - t0 : block_size;
-        const char *knext = b + 1 < num_blocks ? k_cache.base + (table[b + 1] * block_stride + item_off) * elem
-                                               : NULL;
-        int64_t rs;
-        const float *kblock = block_rows(k_cache, boff, row_stride, rows, span, rows_tmp, &rs);
-        for (int r0 = 0; r0 < rows; r0 += 4) {
-            const int n = rows - r0 < 4 ? rows - r0 : 4;
-            if (knext != NULL) prefetch_rows(knext + r0 * row_bytes, row_bytes, n, span * elem);
-            for (int hi = 0; hi < h_count; hi++)
-                score_rows_any(q + (int64_t)(h_first + hi) * head_size,
-                               kblock + r0 * rs + (int64_t)(hi / group) * head_size, rs, n,
-                               head_size, scale, scores + (int64_t)hi * seq_len + t0 + r0);
-        }
-    }
+    const int64_t elem = k_cache.bf16 ? 2 : 4;
+    const item_t it = {.table = table, .seq_len = seq_len, .num_blocks = (seq_len + block_size - 1) / block_size,
+                       .block_size = block_size, .head_size = head_size, .group = group,
+                       .h_first = kv_first * group, .h_count = h_count, .row_stride = row_stride,
+                       .block_stride = (int64_t)block_size * row_stride, .item_off = (int64_t)kv_first * head_size,
+                       .span = (int64_t)kv_count * head_size, .elem = elem, .row_bytes = row_stride * elem};
+    /* Pass 1: scores[h][t] = scale * q_h . k_t */
+    item_pass(&it, k_cache, 0, q, scale, scores, acc, rows_tmp);
     /* Softmax per head; the 1/sum is applied to the output at the end. */
     float inv_sum[h_count];
     for (int hi = 0; hi < h_count; hi++) {
@@ -198,24 +222,9 @@ static void decode_item(const float *q, cache_t k_cache, cache_t v_cache, const 
     }
     /* Pass 2: acc[h] = sum_t p[h][t] * v_t */
     memset(acc, 0, sizeof(float) * (size_t)h_count * head_size);
-    for (int b = 0; b < num_blocks; b++) {
-        const int64_t boff = table[b] * block_stride + item_off;
-        const int t0 = b * block_size, rows = seq_len - t0 < block_size ? seq_len - t0 : block_size;
-        const char *vnext = b + 1 < num_blocks ? v_cache.base + (table[b + 1] * block_stride + item_off) * elem
-                                               : NULL;
-        int64_t rs;
-        const float *vblock = block_rows(v_cache, boff, row_stride, rows, span, rows_tmp, &rs);
-        for (int r0 = 0; r0 < rows; r0 += 4) {
-            const int n = rows - r0 < 4 ? rows - r0 : 4;
-            if (vnext != NULL) prefetch_rows(vnext + r0 * row_bytes, row_bytes, n, span * elem);
-            for (int hi = 0; hi < h_count; hi++)
-                weigh_rows_any(scores + (int64_t)hi * seq_len + t0 + r0,
-                               vblock + r0 * rs + (int64_t)(hi / group) * head_size, rs, n,
-                               head_size, acc + (int64_t)hi * head_size);
-        }
-    }
+    item_pass(&it, v_cache, 1, q, scale, scores, acc, rows_tmp);
     for (int hi = 0; hi < h_count; hi++) {
-        float *o = out + (int64_t)(h_first + hi) * head_size;
+        float *o = out + (int64_t)(it.h_first + hi) * head_size;
         const float *a = acc + (int64_t)hi * head_size;
         for (int d = 0; d < head_size; d++) o[d] = a[d] * inv_sum[hi];
     }
