@@ -76,7 +76,7 @@ def read_stream(path: Path, table: str, columns: tuple[str, ...], extra_int_colu
 
 # JSON is parsed this many bytes at a time: a block's rows are typed and the text let go before the next.
 BLOCK_BYTES = 16 << 20
-# Arrow's streaming JSON reader keeps dozens of blocks in flight: smaller ones keep that to ~100 MB.
+# Arrow's streaming JSON reader keeps dozens of blocks in flight: smaller ones bound its memory.
 STREAM_BLOCK_BYTES = 2 << 20
 
 

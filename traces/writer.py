@@ -335,8 +335,7 @@ class TraceWriter:
                     if src.stat().st_size == 0:
                         raise ValueError("empty stream")
                     schema = arrow_schema(table, self.extra_int_columns)
-                    # 4 MiB blocks: Arrow reads ahead several blocks, and with 16 MiB ones compacting a 19k-request
-                    # replay doubled the process's peak memory (394 -> 860 MB); row groups stay ~20k rows.
+                    # Small blocks: Arrow reads ahead several of them, so their size sets compaction's peak memory.
                     reader = pj.open_json(src, read_options=pj.ReadOptions(block_size=4 << 20),
                                           parse_options=pj.ParseOptions(explicit_schema=schema))
                     with pq.ParquetWriter(tmp, reader.schema) as out:

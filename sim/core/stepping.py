@@ -24,7 +24,7 @@ def launch(cycle: StepCycle, cost_model: CostModel, step: int) -> tuple[Schedule
 @contextmanager
 def fewer_collections(threshold: int = 100_000) -> Iterator[None]:
     """The loop allocates millions of short-lived objects next to long-lived ones; the default GC
-    thresholds rescan the long-lived heap over and over (a third of the run time)."""
+    thresholds rescan the long-lived heap over and over."""
     old = gc.get_threshold()
     gc.set_threshold(threshold, old[1], old[2])
     try:
