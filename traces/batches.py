@@ -16,7 +16,7 @@ from typing import Any
 
 from traces.arrowstream import iter_batches
 from traces.errors import TraceError, TraceWarning
-from traces.reader import check_columns, table_paths
+from traces.reader import check_columns, parquet_fallback, table_paths
 from traces.schema import TABLES
 from traces.streams import first_row_keys, stream_batches
 
@@ -51,13 +51,7 @@ def table_batches(root: str | Path, table: str, columns: Sequence[str],
         try:
             return _parquet(pq_path, table, columns, dictionary)
         except (pa.ArrowException, OSError, ValueError) as e:
-            if isinstance(e, TraceError):
-                raise
-            reason = (str(e).splitlines() or [type(e).__name__])[0]
-            if not stream.is_file():
-                raise TraceError(f"{pq_path}: unreadable Parquet ({reason})") from None
-            warnings.warn(f"{pq_path}: unreadable Parquet ({reason}); read {stream.name} instead", TraceWarning,
-                          stacklevel=2)
+            warnings.warn(parquet_fallback(pq_path, stream, e), TraceWarning, stacklevel=2)
     if stream == arrows:
         return _arrow_stream(arrows, columns)
     keys = first_row_keys(stream)

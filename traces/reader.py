@@ -95,6 +95,17 @@ def table_paths(root: Path, table: str) -> tuple[Path, Path, Path]:
     return pq_path, stream, arrows
 
 
+def parquet_fallback(pq_path: Path, stream: Path, error: Exception) -> str:
+    """A table's Parquet file could not be read: the note that its stream is read instead, or a
+    TraceError where there is none to fall back on (a TraceError of the reader's own stands)."""
+    if isinstance(error, TraceError):
+        raise error
+    reason = (str(error).splitlines() or [type(error).__name__])[0]
+    if not stream.is_file():
+        raise TraceError(f"{pq_path}: unreadable Parquet ({reason})") from None
+    return f"{pq_path}: unreadable Parquet ({reason}); read {stream.name} instead"
+
+
 def _read_table(root: Path, table: str, columns: Sequence[str] | None, arrow_lists: bool,
                 notes: list[str], categories: Sequence[str] = (),
                 last_step: int | None = None) -> tuple[pd.DataFrame, bool]:
@@ -105,12 +116,7 @@ def _read_table(root: Path, table: str, columns: Sequence[str] | None, arrow_lis
         try:
             return _read_parquet(pq_path, table, columns, arrow_lists, categories, last_step), False
         except (pa.ArrowException, OSError, ValueError) as e:
-            if isinstance(e, TraceError):
-                raise
-            reason = (str(e).splitlines() or [type(e).__name__])[0]
-            if not stream.is_file():
-                raise TraceError(f"{pq_path}: unreadable Parquet ({reason})") from None
-            notes.append(f"{pq_path}: unreadable Parquet ({reason}); read {stream.name} instead")
+            notes.append(parquet_fallback(pq_path, stream, e))
     if stream == arrows:
         return read_arrow_stream(arrows, TABLES[table], arrow_lists=arrow_lists, only=columns,
                                  categories=categories, last_step=last_step)
