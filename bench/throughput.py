@@ -31,7 +31,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 USER_SPIN_COUNT = os.environ.get("GOMP_SPINCOUNT")
-import engine.config  # noqa: E402, F401  (before torch: it bounds OpenMP spin-waiting, see there)
+import engine.config  # noqa: E402
+
+engine.config.bound_openmp_spin()  # before torch loads: libgomp reads GOMP_SPINCOUNT once, as torch loads it
 import torch  # noqa: E402
 
 import cpu_cases  # noqa: E402

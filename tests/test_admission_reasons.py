@@ -3,12 +3,21 @@ from __future__ import annotations
 
 from core_helpers import make_requests, make_scheduler, step
 
-from engine.core import CacheConfig, Scheduler, SchedulerConfig
+from engine.core import CacheConfig, Scheduler, SchedulerConfig, SchedulerOutput
 
 
 def _admit(sched: Scheduler, *reqs) -> None:
     for r in reqs:
         assert sched.add_request(r)
+
+
+def _step_until_preemption(sched: Scheduler, max_steps: int = 40) -> SchedulerOutput:
+    """Steps `sched` until a step preempts, or `max_steps` steps have passed; that last step's output."""
+    for _ in range(max_steps):
+        out, _ = step(sched)
+        if out.preempted_req_ids:
+            break
+    return out
 
 
 def _small_pool(reserve_full_isl: bool) -> Scheduler:
@@ -55,10 +64,7 @@ def test_prompt_over_the_budget_without_chunked_prefill_names_tokens_needed_and_
 def test_preemption_names_the_request_it_made_room_for_and_a_preempting_step_admits_nobody():
     sched = make_scheduler(num_blocks=5, block_size=16, enable_prefix_caching=False)
     _admit(sched, *make_requests(2, num_tokens=16, max_tokens=40, ignore_eos=True))
-    for _ in range(40):
-        out, _ = step(sched)
-        if out.preempted_req_ids:
-            break
+    out = _step_until_preemption(sched)
     assert out.preempted_req_ids == ["r1"]
     assert out.preempted_for == {"r1": ("r0", 1, 0)}
     assert out.admission_stop == ("r1", "preempted", 0, 0)
@@ -77,9 +83,6 @@ def test_the_newest_running_request_that_cannot_grow_is_preempted_for_itself():
     r0 = make_requests(1, num_tokens=16, max_tokens=40, ignore_eos=True)[0]
     r1 = make_requests(1, num_tokens=20, max_tokens=40, ignore_eos=True, start=1)[0]
     _admit(sched, r0, r1)
-    for _ in range(40):
-        out, _ = step(sched)
-        if out.preempted_req_ids:
-            break
+    out = _step_until_preemption(sched)
     assert out.preempted_req_ids == ["r1"]
     assert out.preempted_for == {"r1": ("r1", 1, 0)}

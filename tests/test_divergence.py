@@ -18,6 +18,7 @@ from tui.loader import open_trace
 from tui.model import RunIndex
 from tui.widgets.vtable import VTable
 from recording import record_step
+from trace_builders import steps_as_requests_arrive
 
 META = {"source": "sim", "config": {"model": {"architecture": "Fixture"}, "scheduler": {"policy": "fcfs"}},
         "device": {"type": "cpu"}, "workload": {"name": "fixture"}, "cost_model": {"name": "fixed"}}
@@ -31,19 +32,10 @@ def record(path, arrivals, step_ms=lambda step: 10.0, max_num_seqs=4, num_reques
     sched.clock = lambda: now[0]
     rec = TraceRecorder(TraceWriter(path, META), sched)
     pending = make_requests(num_requests, num_tokens=8, max_tokens=6, ignore_eos=True, arrival_times=arrivals)
-    step = 0
-    while pending or sched.has_unfinished_requests():
-        while pending and pending[0].arrival_time <= now[0]:
-            req = pending.pop(0)
-            sched.add_request(req)
-            rec.on_add(req)
-        if not sched.has_unfinished_requests():
-            now[0] = pending[0].arrival_time
-            continue
+    for step in steps_as_requests_arrive(sched, rec, pending, now):
         start, out = now[0], sched.schedule()
         now[0] = end = start + step_ms(step) / 1e3
         record_step(rec, out, sched.update_from_output(out, fake_output(out, sched)), start, end, 0.0, end - start, 0.0)
-        step += 1
     rec.close()
     return RunIndex(open_trace(path), path.name.upper())
 

@@ -7,6 +7,7 @@ import time
 import warnings
 
 import pytest
+from trace_builders import interrupt_traced_run
 
 import traces
 
@@ -87,13 +88,8 @@ def test_ctrl_c_ends_cleanly_with_a_complete_trace(tmp_path):
     out = tmp_path / "trace"
     proc = _start(["run", "--workload", str(workload), "--trace", str(out), *FLAGS])
     _wait_for_steps(out, 5, proc)
-    proc.send_signal(signal.SIGINT)
-    stdout, stderr = proc.communicate(timeout=120)
-    assert proc.returncode == 130, stderr
-    assert "Traceback" not in stderr
-    t = traces.load(out)
-    assert t.complete and t.meta["interrupted"] is True
-    assert (out / "steps.parquet").exists() and len(t.steps) >= 5
+    t = interrupt_traced_run(proc, signal.SIGINT, out, exit_status=130)
+    assert len(t.steps) >= 5
 
 
 @pytest.mark.parametrize("text,field", [

@@ -10,6 +10,7 @@ from transformers import (GenerationConfig, LlamaConfig, LlamaForCausalLM, Qwen2
 
 from engine import LLM, SamplingParams
 from engine.builtin import BUILTIN_DIR
+from trace_builders import save_random_hf_model
 
 SHAPE = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
              intermediate_size=128, vocab_size=4096, max_position_embeddings=512,
@@ -34,15 +35,9 @@ def _prompts(n: int, lengths: list[int], prefix: list[int] | None = None) -> lis
 def checkpoint(request, tmp_path_factory):
     """A tiny random HF model saved as safetensors with the built-in tokenizer beside it."""
     cls, make_config = ARCHS[request.param]
-    torch.manual_seed(0)
-    config = make_config()
-    config._attn_implementation = "eager"
-    hf = cls(config).eval()
-    with torch.no_grad():  # peaked logits: near-ties would make greedy comparisons flaky
-        for name, p in hf.named_parameters():
-            p.copy_(1 + 0.1 * torch.randn_like(p) if "norm" in name else 0.15 * torch.randn_like(p))
     path = tmp_path_factory.mktemp(request.param)
-    hf.save_pretrained(path)
+    # peaked logits: near-ties would make greedy comparisons flaky
+    hf = save_random_hf_model(cls, make_config(), path, weight_scale=0.15)
     for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
         shutil.copy(BUILTIN_DIR / f, path / f)
     return path, hf

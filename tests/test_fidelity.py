@@ -26,6 +26,7 @@ from traces.recorder import TraceRecorder
 from traces.writer import TraceWriter
 from sim_helpers import FlatCost
 from recording import record_step
+from trace_builders import steps_as_requests_arrive
 
 DEVICE = {"c0": 2e-3, "c_p": 5e-5, "c_d": 2e-4, "c_ctx": 1e-6, "c_attn": 1e-7, "c_seq": 1e-4, "c_pseq": 1e-3}
 HOST = (3e-4, 2e-5)  # per step, per sequence
@@ -50,14 +51,7 @@ def record_engine_like(path, seed=0, num_requests=40, noise=0.02, speed=1.0, tra
     pending = [Request(f"r{i}", [int(x) for x in rng.integers(3, 30000, int(rng.integers(20, 300)))],
                        SamplingParams(max_tokens=int(rng.integers(4, 30)), ignore_eos=True, temperature=0.0),
                        eos_token_id=2, arrival_time=float(a)) for i, a in enumerate(arrivals)]
-    while pending or sched.has_unfinished_requests():
-        while pending and pending[0].arrival_time <= now[0]:
-            req = pending.pop(0)
-            sched.add_request(req)
-            rec.on_add(req)
-        if not sched.has_unfinished_requests():
-            now[0] = pending[0].arrival_time
-            continue
+    for _ in steps_as_requests_arrive(sched, rec, pending, now):
         start = now[0]
         out = sched.schedule()
         b = batch_from_output(out)

@@ -15,6 +15,7 @@ from transformers import (
 from engine.model_executor.forward_context import build_attn_metadata, set_forward_context
 from engine.model_executor.layers.rotary_embedding import compute_inv_freq, rope_params_from_config
 from engine.model_executor.loader import kv_cache_spec, load_model
+from trace_builders import save_random_hf_model
 
 DEVICE = torch.device("cpu")
 SHAPE = dict(
@@ -36,15 +37,9 @@ ARCHS = {
 def pair(request, tmp_path_factory):
     """(HF reference model, our model loaded from its saved safetensors)."""
     hf_cls, make_config = ARCHS[request.param]
-    torch.manual_seed(0)
-    config = make_config()
-    config._attn_implementation = "eager"
-    hf = hf_cls(config).eval()
-    with torch.no_grad():  # larger-than-init weights so a mapping mistake shows far above tolerance
-        for name, p in hf.named_parameters():
-            p.copy_(1 + 0.1 * torch.randn_like(p) if "norm" in name else 0.1 * torch.randn_like(p))
     path = tmp_path_factory.mktemp(request.param)
-    hf.save_pretrained(path)
+    # larger-than-init weights so a mapping mistake shows far above tolerance
+    hf = save_random_hf_model(hf_cls, make_config(), path, weight_scale=0.1)
     ours = load_model(hf.config, path, "safetensors", torch.float32, DEVICE)
     return hf, ours
 

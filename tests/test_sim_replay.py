@@ -18,16 +18,14 @@ from traces.recorder import TraceRecorder
 from traces.writer import TraceWriter
 from workloads import DEFAULT_WORKLOAD
 from recording import record_step
+from trace_builders import prefix_sharing_workload
 
 BURSTY = str(DEFAULT_WORKLOAD)
 
-ENGINE_WORKLOAD = {
-    "name": "sim-equivalence", "seed": 5, "num_requests": 16,
-    "arrival": {"process": "poisson", "rate": 300.0},
-    "prompt_tokens": {"dist": "uniform", "min": 20, "max": 70},
-    "output_tokens": {"dist": "uniform", "min": 6, "max": 20},
-    "prefix": {"groups": 2, "tokens": 24, "fraction": 0.7},
-}
+ENGINE_WORKLOAD = prefix_sharing_workload("sim-equivalence", {"process": "poisson", "rate": 300.0}, num_requests=16,
+                                          max_prompt=70, prefix_tokens=24)
+
+
 @pytest.fixture(scope="module")
 def engine_trace(tmp_path_factory):
     """A CPU engine run of the built-in model with staggered arrivals, a KV cache small enough to

@@ -12,14 +12,15 @@ BLOCK_TORCH = (
 )
 
 
-def _run(code: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", BLOCK_TORCH + code], capture_output=True, text=True)
+def _stdout(code: str) -> str:
+    """What `code` prints with torch blocked, asserting that it ran without error."""
+    res = subprocess.run([sys.executable, "-c", BLOCK_TORCH + code], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    return res.stdout
 
 
 def test_engine_core_imports_without_torch():
-    res = _run("import engine.core, engine; from engine import SamplingParams; print('ok')")
-    assert res.returncode == 0, res.stderr
-    assert res.stdout.strip() == "ok"
+    assert _stdout("import engine.core, engine; from engine import SamplingParams; print('ok')").strip() == "ok"
 
 
 def test_scheduler_runs_without_torch():
@@ -30,15 +31,12 @@ def test_scheduler_runs_without_torch():
         "[s.add_request(r) for r in make_requests(4)]\n"
         "run_to_completion(s); print('torch' in sys.modules)\n"
     )
-    res = _run(code)
-    assert res.returncode == 0, res.stderr
-    assert res.stdout.strip() == "False"
+    assert _stdout(code).strip() == "False"
 
 
 def test_lazy_llm_attribute_needs_torch_only_when_touched():
-    res = _run("import engine\ntry:\n    engine.LLM\nexcept ImportError as e:\n    print('lazy', e)\n")
-    assert res.returncode == 0, res.stderr
-    assert res.stdout.startswith("lazy")
+    out = _stdout("import engine\ntry:\n    engine.LLM\nexcept ImportError as e:\n    print('lazy', e)\n")
+    assert out.startswith("lazy")
 
 
 def test_every_module_of_the_torch_free_packages_imports_without_torch():
@@ -52,9 +50,7 @@ def test_every_module_of_the_torch_free_packages_imports_without_torch():
         "            importlib.import_module(m.name); names.append(m.name)\n"
         "print(len(names), 'sim.core.simulator' in names, 'sim.cli' in names, 'tui.app' in names, 'traces.reader' in names)\n"
     )
-    res = _run(code)
-    assert res.returncode == 0, res.stderr
-    count, *found = res.stdout.split()
+    count, *found = _stdout(code).split()
     assert int(count) > 30 and found == ["True"] * 4
 
 
@@ -66,14 +62,11 @@ def test_engine_core_imports_nothing_from_the_engine_runtime():
         "    importlib.import_module(m.name)\n"
         "print(sorted(n for n in sys.modules if n.startswith('engine.') and not n.startswith('engine.core')))\n"
     )
-    res = _run(code)
-    assert res.returncode == 0, res.stderr
-    assert res.stdout.strip() == "[]"
+    assert _stdout(code).strip() == "[]"
 
 
 def test_model_shapes_and_roofline_import_without_torch():
-    res = _run("from engine.core.model_shapes import MODEL_CONFIGS\n"
-               "from sim.cost_models.roofline import model_shape\n"
-               "print(model_shape('llama-3.1-8b').max_positions, 'torch' in sys.modules)")
-    assert res.returncode == 0, res.stderr
-    assert res.stdout.split() == ["131072", "False"]
+    out = _stdout("from engine.core.model_shapes import MODEL_CONFIGS\n"
+                  "from sim.cost_models.roofline import model_shape\n"
+                  "print(model_shape('llama-3.1-8b').max_positions, 'torch' in sys.modules)")
+    assert out.split() == ["131072", "False"]

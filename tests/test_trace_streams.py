@@ -2,7 +2,7 @@
 that every reader takes exactly as the JSON-lines ones."""
 import pyarrow.parquet as pq
 import pytest
-from core_helpers import fake_output, make_requests, make_scheduler
+from core_helpers import make_scheduler
 
 import traces
 from sim.cli import main
@@ -10,7 +10,7 @@ from traces.recorder import TraceRecorder
 from traces.schema import TABLES
 from traces.writer import TraceWriter
 from workloads import DEFAULT_WORKLOAD
-from recording import record_step
+from trace_builders import prefix_and_short_requests, record_adding_every_other_step
 
 
 def _record(path, flush_every=1, trace_level="full", num_steps=None, close=True):
@@ -18,19 +18,8 @@ def _record(path, flush_every=1, trace_level="full", num_steps=None, close=True)
     sched = make_scheduler(num_blocks=9, block_size=4, max_model_len=40)
     rec = TraceRecorder(TraceWriter(path, {"source": "sim"}, flush_every=flush_every), sched, snapshot_every=5,
                         trace_level=trace_level)
-    pending = (make_requests(3, num_tokens=14, max_tokens=12, ignore_eos=True, prefix=list(range(500, 508)))
-               + make_requests(3, num_tokens=6, max_tokens=9, ignore_eos=True, start=3))
-    step = 0
-    while sched.has_unfinished_requests() or pending:
-        if pending and step % 2 == 0:
-            req = pending.pop(0)
-            sched.add_request(req)
-            rec.on_add(req)
-        out = sched.schedule()
-        record_step(rec, out, sched.update_from_output(out, fake_output(out, sched)), float(step), step + 0.5)
-        step += 1
-        if step == num_steps:
-            break
+    for _ in record_adding_every_other_step(sched, rec, prefix_and_short_requests(), num_steps):
+        pass
     if close:
         rec.close()
     return rec

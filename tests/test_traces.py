@@ -14,6 +14,7 @@ from traces.blocks import BlockPoolIndex
 from traces.recorder import TraceRecorder
 from traces.writer import TraceWriter
 from recording import record_step
+from trace_builders import prefix_and_short_requests, record_adding_every_other_step
 
 
 def _record(tmp_path, num_steps=None, snapshot_every=7, close=True, write_behind=False, **sched_kw):
@@ -21,24 +22,9 @@ def _record(tmp_path, num_steps=None, snapshot_every=7, close=True, write_behind
     sched = make_scheduler(**{"num_blocks": 12, "block_size": 4, "max_model_len": 40, **sched_kw})
     rec = TraceRecorder(TraceWriter(tmp_path, {"source": "sim"}, write_behind=write_behind), sched,
                         snapshot_every=snapshot_every)
-    common = list(range(500, 508))
-    reqs = (make_requests(3, num_tokens=14, max_tokens=12, ignore_eos=True, prefix=common)
-            + make_requests(3, num_tokens=6, max_tokens=9, ignore_eos=True, start=3))
     live = {}
-    step = 0
-    pending = list(reqs)
-    while sched.has_unfinished_requests() or pending:
-        if pending and step % 2 == 0:
-            req = pending.pop(0)
-            sched.add_request(req)
-            rec.on_add(req)
-        out = sched.schedule()
-        outputs = sched.update_from_output(out, fake_output(out, sched))
-        record_step(rec, out, outputs, float(step), step + 0.5)
+    for step in record_adding_every_other_step(sched, rec, prefix_and_short_requests(), num_steps):
         live[step] = rec.block_snapshot(step)
-        step += 1
-        if num_steps is not None and step == num_steps:
-            break
     if close:
         rec.close()
     return live, rec

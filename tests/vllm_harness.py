@@ -14,6 +14,7 @@ import json
 import os
 import tempfile
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -72,6 +73,19 @@ class TickLog:
 
     def row(self) -> tuple:
         return (self.tick, self.scheduled, self.preempted, self.blocks, self.finished)
+
+
+def schedule_tick(sched: Any, specs: dict[str, Spec],
+                  block_ids: Callable[[str], list[int]]) -> tuple[Any, list[str], list[list[int]], TickLog]:
+    """One `schedule()` of either side's scheduler: its output, the ids it scheduled (in order), the fake
+    tokens they sample, and the tick's log, with each request's block ids as `block_ids` reads them
+    (requests holding none left out)."""
+    so = sched.schedule()
+    ids = list(so.num_scheduled_tokens)
+    sampled = fake_sampled(sched.requests, ids, specs)
+    blocks = {rid: b for rid in sched.requests if (b := block_ids(rid))}
+    log = TickLog(0, list(so.num_scheduled_tokens.items()), sorted(so.preempted_req_ids), blocks)
+    return so, ids, sampled, log
 
 
 # ---- vLLM's side ---------------------------------------------------------------------------------
@@ -167,15 +181,14 @@ class VllmSide:
     def has_requests(self) -> bool:
         return self.sched.has_requests()
 
+    def _block_ids(self, rid: str) -> list[int]:
+        """The request's block ids in the one KV cache group."""
+        groups = self.sched.kv_cache_manager.get_block_ids(rid)
+        return groups[0] if groups else []
+
     def schedule(self) -> tuple[Any, Any, TickLog]:
-        so = self.sched.schedule()
-        ids = list(so.num_scheduled_tokens)
-        sampled = fake_sampled(self.sched.requests, ids, self.specs)
-        out = self.m.ModelRunnerOutput(ids, {rid: i for i, rid in enumerate(ids)}, sampled)
-        kv = self.sched.kv_cache_manager
-        blocks = {rid: ids_[0] for rid in self.sched.requests if (ids_ := kv.get_block_ids(rid)) and ids_[0]}
-        log = TickLog(0, list(so.num_scheduled_tokens.items()), sorted(so.preempted_req_ids), blocks)
-        return so, out, log
+        so, ids, sampled, log = schedule_tick(self.sched, self.specs, self._block_ids)
+        return so, self.m.ModelRunnerOutput(ids, {rid: i for i, rid in enumerate(ids)}, sampled), log
 
     def update(self, so: Any, out: Any) -> list[tuple[str, str]]:
         finished = []
@@ -215,12 +228,7 @@ class OurSide:
     def schedule(self) -> tuple[Any, Any, TickLog]:
         from engine.core import ModelRunnerOutput
 
-        so = self.sched.schedule()
-        ids = list(so.num_scheduled_tokens)
-        sampled = fake_sampled(self.sched.requests, ids, self.specs)
-        kv = self.sched.kv_cache_manager
-        blocks = {rid: ids_ for rid in self.sched.requests if (ids_ := kv.get_block_ids(rid))}
-        log = TickLog(0, list(so.num_scheduled_tokens.items()), sorted(so.preempted_req_ids), blocks)
+        so, ids, sampled, log = schedule_tick(self.sched, self.specs, self.sched.kv_cache_manager.get_block_ids)
         return so, ModelRunnerOutput(ids, sampled), log
 
     def update(self, so: Any, out: Any) -> list[tuple[str, str]]:
