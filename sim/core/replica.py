@@ -185,84 +185,46 @@ class Replica:
 
     # ---- the step policy ----
     def steps(self) -> Generator[Wait, float, None]:
-        return self._steps_async() if self.cycle.batch_queue_size > 1 else self._steps_sync()
-
-    def _steps_sync(self) -> Generator[Wait, float, None]:
-        """Synchronous scheduling: one step at a time, each starting when the last ended (or at its
-        recorded start, if later), decode-only stretches taken as runs where the replica has them."""
-        cycle, sched, cluster = self.cycle, self.scheduler, self.cluster
+        """The engine core's loop with a batch queue of the cycle's depth: 1 is synchronous scheduling, 2
+        vLLM's async scheduling, where the next step is scheduled as soon as the one before it is
+        launched (host time hidden behind device time), runs on the device when that one ends, and its
+        outputs apply at its own end. A recorded replay launches each step no earlier than it was
+        recorded (while there is something to take in or step); external finishes apply after the step
+        they followed; decode-only stretches are taken as runs where the replica has them."""
+        cycle, cluster = self.cycle, self.cluster
         step_start, intake, external = self.step_start, self.intake, self.external
         per_request = intake.per_request_s if intake is not None else 0.0
+        ends: deque[float] = deque()  # when each step in flight leaves the device
+        device_free = 0.0
+        launched = 0  # steps launched, a run's included: the index a step is priced and recorded under
         woke, cold = False, 0.0
         while True:
-            step = cycle.num_steps
-            if external and step in external:
-                self.finish_external(external.pop(step))
+            if external and cycle.num_steps in external:
+                self.finish_external(external.pop(cycle.num_steps))
             start = self.now
-            if step_start is not None:
-                hinted = step_start(step)
-                if hinted is not None and hinted > start:
+            if step_start is not None and (hinted := step_start(launched)) is not None and hinted > start:
+                nxt = cluster.next_arrival
+                if cycle.has_work() or self.inbox or (nxt is not None and nxt <= hinted):
                     start = hinted
             if start > cluster.now:  # what arrives until then is added; what arrives while adding waits a step
                 yield start
             if woke:  # each add after an idle wake-up delays the step (sim.cost_models.intake)
                 for item in self._drain():
                     self.add(*item)
-                    self.now = start = start + per_request
-                woke = False
+                    self.now += per_request
+                start, woke = self.now, False
             else:
-                self._take_inbox()
-            if cold:  # the run's first add is cold: what arrives meanwhile waits a step (sim.cost_models.intake)
-                start, cold = start + cold, 0.0
-            self.now = start
-            if not (sched.running or cycle.has_work()):  # anything running is work: skip the queue checks
-                self.now = max(start, (yield from self._next_request()))
-                if intake is not None:
-                    look, cold = intake.wake()
-                    self.now += look
-                    woke = True
-                continue
-            if self.runs is not None:
-                done, end = self.runs.advance(start, step, cluster.next_arrival, self._run_limit(step))
-                if done:
-                    self.now = end
-                    cycle.count_decode_run(done)
-                    continue
-            so, timing = launch(cycle, cluster.cost_model, step)
-            if self.headroom is not None:
-                self.headroom.scheduled(so, sched.requests, len(sched.running))
-            self.now = start + timing.total
-            self.stepping = True
-            yield self.now
-            so, outputs = self._last_step()
-            if cycle.did_nothing(so, outputs) and not (step_start is not None and step_start(step + 1) is not None):
-                # Nothing ran and nothing can until a request arrives here: wait for one.
-                self.now = max(self.now, (yield from self._next_request()))
-
-    def _steps_async(self) -> Generator[Wait, float, None]:
-        """Async scheduling in vLLM's batch-queue order: the next step is scheduled as soon as the one before
-        it is launched (host time hidden behind device time, as the engine hides it), runs on the device
-        when that one ends, and its outputs apply at its own end. A recorded replay schedules each step no
-        earlier than it was recorded, so the same arrivals are in before it; external finishes apply
-        after the step they followed."""
-        cycle, cluster = self.cycle, self.cluster
-        step_start, intake, external = self.step_start, self.intake, self.external
-        ends: deque[float] = deque()
-        device_free = 0.0
-        launched = 0
-        cold = 0.0
-        while True:
-            if external and cycle.num_steps in external:
-                self.finish_external(external.pop(cycle.num_steps))
-            if step_start is not None and (hinted := step_start(launched)) is not None and hinted > self.now:
-                nxt = cluster.next_arrival
-                if cycle.has_work() or self.inbox or (nxt is not None and nxt <= hinted):
-                    self.now = hinted
-            if self.now > cluster.now:
-                yield self.now
-            self._take_inbox()
-            self.now, cold = self.now + cold, 0.0
+                self._take_inbox()  # each added at its own arrival, up to the step's start
+            # The run's cold first add: what arrives meanwhile waits a step (sim.cost_models.intake).
+            self.now, cold = max(self.now, start) + cold, 0.0
             if cycle.has_work():
+                if self.runs is not None and not cycle.in_flight:
+                    done, end = self.runs.advance(self.now, launched, cluster.next_arrival, self._run_limit(launched))
+                    if done:
+                        self.now = end
+                        cycle.count_decode_run(done)
+                        launched += done
+                        continue
                 so, timing = launch(cycle, cluster.cost_model, launched)
                 if self.headroom is not None:
                     self.headroom.scheduled(so, self.scheduler.requests, len(self.scheduler.running))
@@ -276,12 +238,15 @@ class Replica:
                 if intake is not None:
                     look, cold = intake.wake()
                     self.now += look
+                    woke = True
                 continue
             self.now = max(self.now, ends.popleft())
             self.stepping = True
             yield self.now
             so, outputs = self._last_step()
-            if cycle.has_work() and cycle.did_nothing(so, outputs):
+            if (cycle.has_work() and cycle.did_nothing(so, outputs)
+                    and (step_start is None or step_start(launched) is None)):
+                # Nothing ran and nothing can until a request arrives here: wait for one.
                 self.now = max(self.now, (yield from self._next_request()))
 
     def _last_step(self) -> tuple[SchedulerOutput, EngineCoreOutputs]:
