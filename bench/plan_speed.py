@@ -20,7 +20,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from sim.plan.command import main_plan  # noqa: E402
+from sim.cli import main as sim_main  # noqa: E402
 
 AZURE_CONV = "workloads/azure_conv.yaml"
 SWEEP = "replicas=1..4,max_num_seqs=64,128,256,hardware=h100,h200,block_size=16,32"
@@ -61,7 +61,7 @@ def _timed(argv: list[str]) -> tuple[int, float, str, float]:
     out = io.StringIO()
     start, cpu0 = time.perf_counter(), _cpu()
     with contextlib.redirect_stdout(out):
-        rc = main_plan(argv)
+        rc = sim_main(["plan", *argv])
     return rc, time.perf_counter() - start, out.getvalue(), _cpu() - cpu0
 
 

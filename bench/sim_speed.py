@@ -35,7 +35,7 @@ from sim.cost_models.batch import StepBatch  # noqa: E402
 from sim.core.simulator import Simulator  # noqa: E402
 from sim.report.summary import format_sim_summary, load_for_summary, sim_summary  # noqa: E402
 from sim.core.sources import open_source  # noqa: E402
-from sim.cost_models.base import CostModelDefaults, StepTiming  # noqa: E402
+from sim.cost_models.base import CostModelInfo, CostModelDefaults, StepTiming  # noqa: E402
 
 AZURE_CONV = "workloads/azure_conv.yaml"
 # llama-3.1-8b serves 128k tokens; the engine's 4,096 default would reject the trace's longest prompts.
@@ -50,8 +50,8 @@ class FixedCost(CostModelDefaults):
     def step_time(self, batch: StepBatch, step: int) -> StepTiming:
         return StepTiming(0.005 + 4e-5 * batch.num_prefill_tokens + 2e-5 * batch.num_decode_tokens)
 
-    def describe(self) -> dict:
-        return {"note": "bench stand-in, not a model of any hardware"}
+    def describe(self) -> CostModelInfo:
+        return CostModelInfo(name=self.name, meta={"note": "bench stand-in, not a model of any hardware"})
 
 
 def cost_model():

@@ -9,8 +9,9 @@ import logging
 import sys
 
 from engine.config import EngineArgs
-from engine.core.flags import OneLineParser, flag_error, flags_of
-from traces.console import run_cli, trace_line
+from engine.core.flags import OneLineParser, add_flags, flag_error, flags_of
+from traces.console import Run, command, run_command, trace_line
+from workloads.flags import add_workload_flags
 
 
 def _add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -26,22 +27,39 @@ def _add_sampling_args(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = OneLineParser(prog="engine", description="stepscope's live engine (vLLM v1 style).")
+    p = command(OneLineParser(prog="engine", description="stepscope's live engine (vLLM v1 style)."))
     sub = p.add_subparsers(dest="command")
-    gen = sub.add_parser("generate", help="generate text for one or more prompts")
+    gen = command(sub.add_parser("generate", help="generate text for one or more prompts"), _engine(_generate))
     gen.add_argument("prompts", nargs="+", help="prompt text")
     _add_sampling_args(gen)
-    EngineArgs.add_cli_args(gen.add_argument_group("engine"))
-    run = sub.add_parser("run", help="run a workload on the wall clock and write a trace directory")
+    add_flags(gen.add_argument_group("engine"), flags_of(EngineArgs))
+    run = command(sub.add_parser("run", help="run a workload on the wall clock and write a trace directory"),
+                  _engine(_run))
     run.add_argument("--workload", default=None, help="workload YAML (default: workloads/bursty.yaml, "
                                                       "scaled down on a CPU)")
-    run.add_argument("--time-scale", type=float, default=1.0, help="multiply arrival times (0.5: twice as fast)")
-    run.add_argument("--max-requests", type=int, default=None, help="stop after this many requests")
+    add_workload_flags(run, "engine run")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
     run.add_argument("--backend", choices=("stepscope", "vllm"), default="stepscope",
                      help="stepscope's engine, or real vLLM recorded by its own scheduler (the vllm extra)")
-    EngineArgs.add_cli_args(run.add_argument_group("engine"))
+    add_flags(run.add_argument_group("engine"), flags_of(EngineArgs))
     return p
+
+
+def _engine(run: Run) -> Run:
+    """A subcommand of the engine: logs to stderr, and a config error names the flag, not the dataclass field."""
+    def engine_command(args: argparse.Namespace) -> int:
+        logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+        try:
+            return run(args)
+        except ValueError as e:
+            raise flag_error(e, flags_of(EngineArgs)) from None
+    return engine_command
+
+
+def _run(args: argparse.Namespace) -> int:
+    from engine.run import main_run
+
+    return main_run(args)
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -77,27 +95,7 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as e:
-        return int(e.code or 0)
-    if args.command is None:
-        parser.print_help()
-        return 0
-    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
-
-    def body() -> int:
-        try:
-            if args.command == "generate":
-                return _generate(args)
-            from engine.run import main_run
-
-            return main_run(args)
-        except ValueError as e:  # a config error names the flag, not the dataclass field
-            raise flag_error(e, flags_of(EngineArgs)) from None
-
-    return run_cli(f"engine {args.command}", body)
+    return run_command(build_parser(), argv)
 
 
 if __name__ == "__main__":

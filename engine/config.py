@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.core.config import CacheConfig, SchedulerConfig
-from engine.core.flags import add_flags, check_choice, flags_of, option, same_option
+from engine.core.flags import check_choice, flags_of, option, same_option
 from engine.core.model_shapes import BUILTIN, check_model_config, get_model_config, read_config_json
 DEFAULT_CPU_KV_CACHE_MEMORY = 512 << 20
 
@@ -132,10 +132,6 @@ class EngineArgs:
     trace: str | None = option(None, "write a trace directory here")
     overwrite: bool = option(False, "replace a trace already in --trace (without it such a directory is refused)")
     otlp_traces_endpoint: str | None = option(None, "also send spans to this OTLP/HTTP URL")
-
-    @classmethod
-    def add_cli_args(cls, parser: argparse.ArgumentParser) -> None:
-        add_flags(parser, flags_of(EngineArgs))
 
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> EngineArgs:

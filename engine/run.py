@@ -35,13 +35,12 @@ def main_run(args) -> int:
     from engine.config import EngineArgs, bound_openmp_spin, resolve_device
     from engine.workload_driver import CPU_SCALE, run_workload
     from traces.summary import trace_summary
-    from workloads.workload import check_time_scale, load_workload
+    from workloads.flags import workload_options
+    from workloads.workload import load_workload
 
-    check_time_scale(args.time_scale)
-    if args.max_requests is not None and args.max_requests < 1:
-        raise ValueError(f"--max-requests: must be >= 1, got {args.max_requests}")
+    workload_options(args, "engine run")
     workload = load_workload(workload_path)
-    if getattr(args, "backend", "stepscope") == "vllm":
+    if args.backend == "vllm":
         from engine.vllm_backend.runner import main_run_vllm
 
         return main_run_vllm(args, workload)

@@ -1,9 +1,11 @@
 """`sim` command line: `replay` a workload file or an engine trace on the engine's own scheduler,
-`compare` two traces, `calibrate` a cost model from engine traces, `import-run` a measured vLLM run.
+`compare` two traces, `calibrate` a cost model from engine traces, `plan` capacity under SLOs,
+`import-run` a measured vLLM run. Each subcommand is declared on one parser and run through
+traces.console's edge: bad input is one line on stderr and exit status 2, never a traceback.
 
-Scheduler and cache flags carry the engine's names and meaning: sim.flags derives them from engine.core's
-SchedulerConfig/CacheConfig, as `engine run` does. Bad input ends with one line on stderr naming
-what is wrong and exit status 2, never a traceback.
+Scheduler and cache flags carry the engine's names and meaning (sim.flags), the workload flags the
+workload's (workloads.flags). What a cost model can do (draw seeded scatter, follow a trace's schedule)
+is asked of the model it built (sim.cost_models.base), never read off its name.
 """
 from __future__ import annotations
 
@@ -13,14 +15,14 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from sim.cost_models import DEFAULT_HARDWARE, DEFAULT_MODEL
 from sim.cost_models.hardware import hardware_help
 from sim.flags import OneLineParser, add_engine_flags, config_error, recorded_or_flag, sim_flags
-from sim.plan.config import DEFAULT_HARDWARE, DEFAULT_MODEL
-from traces.console import trace_line
+from traces.console import command, run_command, trace_line
 from traces.outputs import Output, check_outputs, existing_paths
 from traces.recorder import TRACE_LEVELS
 from traces.trace_dir import check_trace_output
-from workloads.workload import check_time_scale
+from workloads.flags import add_workload_flags, workload_options
 
 if TYPE_CHECKING:
     from engine.core.config import CacheConfig, SchedulerConfig
@@ -29,13 +31,37 @@ if TYPE_CHECKING:
     from sim.cost_models.base import CostModel
 
 DEFAULT_NUM_GPU_BLOCKS = 8192
-DEFAULT_ROOFLINE_MODEL = DEFAULT_MODEL
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = OneLineParser(prog="sim", description="Discrete-event simulator on the engine's own scheduler.")
+    from sim.calibration.command import calibrate_arguments, run_calibrate
+    from sim.fidelity.import_run import import_run, import_run_arguments
+    from sim.plan.command import plan, plan_arguments
+
+    p = command(OneLineParser(prog="sim", description="Discrete-event simulator on the engine's own scheduler."))
     sub = p.add_subparsers(dest="command")
-    r = sub.add_parser("replay", help="simulate a workload file or replay an engine trace directory")
+    replay_arguments(command(sub.add_parser("replay", help="simulate a workload file or replay an engine trace "
+                                            "directory"), replay))
+    c = command(sub.add_parser("compare", help="fidelity report of trace B against trace A"), compare)
+    c.add_argument("trace_a", metavar="TRACE_DIR_A")
+    c.add_argument("trace_b", metavar="TRACE_DIR_B")
+    c.add_argument("--json", action="store_true", help="machine-readable report")
+    c.add_argument("--plots", default=None, metavar="DIR", help="write QQ plots of TTFT and ITL (B against A)")
+    calibrate_arguments(command(sub.add_parser(
+        "calibrate", help="fit a cost model from engine traces (sim calibrate -h)",
+        description="Fit a calibrated cost model (PROFILE.json) to engine traces."), run_calibrate))
+    plan_arguments(command(sub.add_parser(
+        "plan", help="capacity planning under SLOs (sim plan -h)", description="Capacity planning: max request rate "
+        "within SLOs per configuration, ranked by cost per million output tokens."), plan))
+    import_run_arguments(command(sub.add_parser(
+        "import-run", help="a measured vLLM run (run bundle or vllm bench serve result) as a trace directory "
+        "(sim import-run -h)", description="Bring a measured vLLM run in as a trace directory: an LLMServingSim run "
+        "bundle (RUN_DIR with vllm/meta.json and vllm/requests.jsonl) or a `vllm bench serve --save-result "
+        "--save-detailed` JSON file."), import_run))
+    return p
+
+
+def replay_arguments(r: argparse.ArgumentParser) -> None:
     r.add_argument("source", metavar="FILE.yaml|TRACE_DIR")
     r.add_argument("--trace", default=None, metavar="DIR",
                    help="write the trace here (default: runs/<source>-sim-<date-time>/)")
@@ -51,15 +77,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a cost model with measured residuals (PROFILE.json): the prediction is the interval of N "
                    "seeded replays, median [p5-p95] per metric, kept in the trace's meta for `sim compare`")
     r.add_argument("--model", default=None, help=f"model preset, config.json or a directory holding one (default: "
-                   f"the trace's model, else {DEFAULT_ROOFLINE_MODEL})")
+                   f"the trace's model, else {DEFAULT_MODEL})")
     r.add_argument("--hardware", default=None, help=f"{hardware_help()} (default {DEFAULT_HARDWARE}, or a bundle's "
                    "own GPU)")
     r.add_argument("--tensor-parallel-size", type=int, default=None, metavar="N",
                    help="shard weights and KV heads over N GPUs, two all-reduces per layer (default: the trace's, "
                    "else 1)")
-    r.add_argument("--time-scale", type=float, default=1.0, help="multiply arrival times (0.5: twice as fast)")
-    r.add_argument("--max-requests", type=int, default=None, help="stop after this many requests")
-    r.add_argument("--vocab-size", type=int, default=32000, help="workloads draw token ids below this")
+    add_workload_flags(r, "sim replay")
     r.add_argument("--slo", default=None, help="e.g. ttft_p99=2s,tpot_p99=80ms: goodput and attainment")
     r.add_argument("--plots", default=None, metavar="DIR", help="write latency CDF / throughput / queue / KV PNGs")
     r.add_argument("--json", action="store_true", help="print the summary as JSON")
@@ -67,17 +91,6 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--trace-level", default="full", choices=TRACE_LEVELS, help="full: every table | steps: steps "
                    "and requests, no decisions or block events | none: requests only (metrics without ITL or KV usage)")
     add_engine_flags(r, "replay")
-    c = sub.add_parser("compare", help="fidelity report of trace B against trace A")
-    c.add_argument("trace_a", metavar="TRACE_DIR_A")
-    c.add_argument("trace_b", metavar="TRACE_DIR_B")
-    c.add_argument("--json", action="store_true", help="machine-readable report")
-    c.add_argument("--plots", default=None, metavar="DIR", help="write QQ plots of TTFT and ITL (B against A)")
-    sub.add_parser("calibrate", help="fit a cost model from engine traces (sim calibrate -h)", add_help=False)
-    sub.add_parser("plan", help="capacity planning under SLOs (sim plan -h)", add_help=False).add_argument(
-        "rest", nargs=argparse.REMAINDER)
-    sub.add_parser("import-run", help="a measured vLLM run (run bundle or vllm bench serve result) as a trace "
-                   "directory (sim import-run -h)", add_help=False)
-    return p
 
 
 def _json(obj: Any) -> str:
@@ -112,7 +125,7 @@ def build_configs(args: argparse.Namespace, source: Source,
             # Same KV memory as the traced engine, re-cut if the block size changed.
             blocks = max(2, int(cc["num_gpu_blocks"]) * int(cc.get("block_size") or block_size) // block_size)
             how = f"the source trace's KV cache ({cc['num_gpu_blocks']} blocks of {cc.get('block_size')} tokens)"
-        elif (blocks := cost_model.num_gpu_blocks(block_size, gpu_util, sched.max_num_batched_tokens)) is not None:
+        elif (blocks := cost_model.num_gpu_blocks(block_size, gpu_util, sched.token_budget)) is not None:
             how = f"{cost_model.name} cost model: memory left after weights at {gpu_util} utilization"
         else:
             blocks, how = DEFAULT_NUM_GPU_BLOCKS, "default"
@@ -123,11 +136,11 @@ def build_configs(args: argparse.Namespace, source: Source,
 
 
 def _check_flags(args: argparse.Namespace) -> None:
-    check_time_scale(args.time_scale)
+    workload_options(args, "sim replay")
     if args.samples is not None and args.samples < 1:
         raise ValueError(f"--samples: must be >= 1, got {args.samples}")
-    for flag, value, low in (("--max-requests", args.max_requests, 1), ("--num-gpu-blocks-override", args.num_gpu_blocks_override, 2),
-                             ("--vocab-size", args.vocab_size, 4), ("--tensor-parallel-size", args.tensor_parallel_size, 1)):
+    for flag, value, low in (("--num-gpu-blocks-override", args.num_gpu_blocks_override, 2),
+                             ("--tensor-parallel-size", args.tensor_parallel_size, 1)):
         if value is not None and value < low:
             raise ValueError(f"{flag}: must be >= {low}, got {value}")
     if not Path(args.source).exists():
@@ -153,49 +166,41 @@ def _simulate(args: argparse.Namespace, trace_dir: str, residual_seed: int | Non
     """One replay of `args.source` into `trace_dir`: (SimResult, cost model); `announce` prints first
     what is simulated; `prediction` (the interval of sampled replays) goes into the trace's meta."""
     from engine.core.config import SchedulerConfig
-    from sim.cost_models import get_cost_model
-    from sim.cost_models.kernels import KernelSumCostModel
     from sim.core.simulator import Simulator
     from sim.core.sources import open_source
+    from sim.cost_models import get_cost_model
     from traces.describe import describe_replay
 
-    may_follow = args.cost_model in (None, "recorded") and args.time_scale == 1.0
-    source = open_source(args.source, args.vocab_size, args.max_requests, args.time_scale, exact_times=may_follow)
+    # Opened as a recorded replay would read it, when that is what the flags may ask for; reopened below
+    # if the cost model built does not follow the trace's schedule after all.
+    guess = args.cost_model in (None, "recorded") and args.time_scale == 1.0
+    source = open_source(args.source, args.vocab_size, args.max_requests, args.time_scale, exact_times=guess)
     # A trace replays its own step times; a workload or an imported measured run (no steps, by design) the roofline.
-    imported = source.trace is not None and "import" in source.trace.meta and not len(source.trace.steps)
-    name = args.cost_model or ("recorded" if source.trace is not None and not imported else "roofline")
-    exact = name == "recorded" and args.time_scale == 1.0
-    if may_follow and not exact:
-        source = open_source(args.source, args.vocab_size, args.max_requests, args.time_scale)
-    if name == "recorded" and source.trace is not None and not len(source.trace.steps):
-        raise ValueError(f"{args.source}: the trace has no steps, so --cost-model recorded has no step times "
-                         "to replay (use roofline or calibrated)")
-    if name == "recorded":
-        refuse_schedule_changes(args, source)
-    model = args.model or source.model.get("hf_config") or DEFAULT_ROOFLINE_MODEL
-    bundle = name not in ("recorded", "roofline", "calibrated", "aiconfigurator") and Path(name).is_dir()
-    hardware = args.hardware or (None if bundle else DEFAULT_HARDWARE)
+    name = args.cost_model or ("recorded" if source.trace is not None and not source.trace.imported else "roofline")
+    model = args.model or source.model.get("hf_config") or DEFAULT_MODEL
     tp = args.tensor_parallel_size or _recorded_tp(source)
     recorded_async = recorded_or_flag(SchedulerConfig, args, source.scheduler).get("async_scheduling")
-    cost_model = get_cost_model(name, source.trace, model=model, hardware=hardware, profile=args.profile,
+    cost_model = get_cost_model(name, source.trace, model=model, hardware=args.hardware, profile=args.profile,
                                 residual_seed=residual_seed, tensor_parallel_size=tp,
                                 async_scheduling=bool(recorded_async if recorded_async is not None
                                                       else SchedulerConfig().async_scheduling),
                                 vllm_version=_recorded_vllm(source))
+    exact = cost_model.follows_recorded_schedule and args.time_scale == 1.0
+    if cost_model.follows_recorded_schedule:
+        refuse_schedule_changes(args, source)
+    if source.trace is not None and exact != guess:
+        source = open_source(args.source, args.vocab_size, args.max_requests, args.time_scale, exact_times=exact)
     _check_spread(args, cost_model)
     sched, cache, how = build_configs(args, source, cost_model)
     source.max_prompt_tokens = sched.max_model_len
-    if isinstance(cost_model, KernelSumCostModel):
-        hardware = cost_model.hardware.name
-    model_meta, simulated_hardware = _simulated_model(name, source, model, hardware, cost_model.describe())
+    model_meta, simulated_hardware = _simulated_model(source, model, args.hardware, cost_model)
     meta = {"config": {"model": model_meta, "parallel": {"tensor_parallel_size": tp}}, "workload": source.meta,
             "device": {"type": "sim", "hardware": simulated_hardware},
             "kv_cache": {"num_blocks": cache.num_gpu_blocks, "block_size": cache.block_size, "how": how}}
     if prediction is not None:
         meta["prediction"] = prediction
     if announce:
-        print(describe_replay(source.path, source.num_requests, meta, {"name": cost_model.name,
-                                                                       **cost_model.describe()}, sched, cache))
+        print(describe_replay(source.path, source.num_requests, meta, cost_model.describe().to_meta(), sched, cache))
     sim = Simulator(sched, cache, cost_model, trace_dir, meta, seed=args.seed or 0, vocab_size=args.vocab_size,
                     follow_recorded=exact, trace_level=args.trace_level, overwrite=overwrite)
     return sim.run(source.requests, source.external_finishes, source.num_requests, progress=progress), cost_model
@@ -291,19 +296,19 @@ def default_trace_dir(source: Path, now: float | None = None) -> str:
     return str(path)
 
 
-def _simulated_model(name: str, source: Source, model: str | dict[str, Any], hardware: str,
-                     cost: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+def _simulated_model(source: Source, model: str | dict[str, Any], hardware: str | None,
+                     cost_model: CostModel) -> tuple[dict[str, Any], str | None]:
     """What the simulated run is a run of: a recorded replay is the traced engine's model and device, a
-    calibrated profile the model and device it was fitted on, a roofline the preset on the table's hardware."""
-    if name == "recorded":  # the traced run's own model and device
+    fitted law the model and device it was fitted on, any other model the named one on the device it prices."""
+    if cost_model.follows_recorded_schedule:
         device = (source.trace.meta.get("device") or {}) if source.trace is not None else {}
         return dict(source.model), device.get("name") or device.get("type")
-    fitted = cost.get("model") if isinstance(cost.get("model"), dict) else {}
-    if fitted.get("model"):
-        device = cost.get("device") or {}
-        return {**fitted, "source": "sim"}, device.get("name") or device.get("type")
+    info = cost_model.describe()
+    if info.fitted_model is not None:
+        return {**info.fitted_model, "source": "sim"}, info.hardware
+    hardware = info.hardware or hardware or DEFAULT_HARDWARE
     if isinstance(model, str):
-        named = (cost.get("model") or {}).get("name") if Path(model).exists() else None
+        named = info.model if Path(model).exists() else None
         return {"model": named or model, "source": "sim", **({"config": model} if named else {})}, hardware
     return {"model": source.model.get("model") or "hf_config", "source": "sim", "hf_config": model}, hardware
 
@@ -328,35 +333,12 @@ def compare(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Every `sim` command's one error path: what a command raises of these (and OS errors) is one line
-    on stderr and exit status 2 (traces.console.run_cli)."""
+    on stderr and exit status 2 (traces.console.run_command)."""
     from sim.core.stepping import SimulationError
     from traces import TraceError
-    from traces.console import run_cli
 
     errors = (TraceError, SimulationError, ValueError)  # workload, cost model and config errors are ValueErrors
-    argv = sys.argv[1:] if argv is None else list(argv)
-    command = argv[0] if argv else None
-    if command == "calibrate":
-        from sim.calibration.calibrate import main_calibrate
-
-        return run_cli("sim calibrate", lambda: main_calibrate(argv[1:]), errors)
-    if command == "plan":
-        from sim.plan.command import main_plan
-
-        return run_cli("sim plan", lambda: main_plan(argv[1:]), errors)
-    if command == "import-run":
-        from sim.fidelity.import_run import main_import_run
-
-        return run_cli("sim import-run", lambda: main_import_run(argv[1:]), errors)
-    parser = build_parser()
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as e:
-        return int(e.code or 0)
-    if args.command is None:
-        parser.print_help()
-        return 0
-    return run_cli(f"sim {args.command}", lambda: replay(args) if args.command == "replay" else compare(args), errors)
+    return run_command(build_parser(), argv, errors)
 
 
 if __name__ == "__main__":

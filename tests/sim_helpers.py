@@ -1,7 +1,7 @@
 """A cost model for simulator tests: fixed step times that order events and need no calibration."""
 from __future__ import annotations
 
-from sim.cost_models.base import StepTiming
+from sim.cost_models.base import CostModelInfo, StepTiming
 from sim.cost_models.batch import StepBatch
 from sim.cost_models.base import CostModelDefaults
 
@@ -14,8 +14,8 @@ class FixedCost(CostModelDefaults):
     def step_time(self, batch: StepBatch, step: int) -> StepTiming:
         return StepTiming(0.01 + 1e-5 * batch.num_tokens)
 
-    def describe(self) -> dict:
-        return {}
+    def describe(self) -> CostModelInfo:
+        return CostModelInfo(name=self.name)
 
 
 class FlatCost(CostModelDefaults):
@@ -26,8 +26,8 @@ class FlatCost(CostModelDefaults):
     def step_time(self, batch: StepBatch, step: int) -> StepTiming:
         return StepTiming(0.01)
 
-    def describe(self) -> dict:
-        return {}
+    def describe(self) -> CostModelInfo:
+        return CostModelInfo(name=self.name)
 
 
 # Three 600-token prompts, 4 output tokens each: a replay that takes a moment.

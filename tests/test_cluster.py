@@ -12,7 +12,8 @@ from engine.core.kv_cache_manager import KVCacheManager
 from sim.core.cluster import Cluster, replica_summary
 from sim.core.stepping import SimulationError
 from sim.cli import main
-from sim.plan.command import PlanConfig, PlanSpec, base_rate, base_requests, run_at_rate
+from sim.plan.config import PlanConfig
+from sim.plan.search import PlanSpec, base_rate, base_requests, run_at_rate
 from sim.plan.search import build_cluster_parts
 from sim.core.routers import make_router
 from sim.core.sources import SimRequest

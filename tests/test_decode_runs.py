@@ -6,7 +6,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from engine.core.config import CacheConfig, SchedulerConfig
-from sim.cost_models.base import StepTiming
+from sim.cost_models.base import CostModelInfo, StepTiming
 from sim.cost_models.batch import StepBatch
 from sim.cost_models.roofline import RooflineCostModel
 from sim.core.simulator import Simulator
@@ -25,8 +25,8 @@ class ContextCost(CostModelDefaults):
     def step_time(self, batch: StepBatch, step: int) -> StepTiming:
         return StepTiming(0.004 + 1e-5 * batch.num_tokens + 3e-7 * batch.context_tokens + 1e-4 * batch.num_seqs)
 
-    def describe(self) -> dict:
-        return {}
+    def describe(self) -> CostModelInfo:
+        return CostModelInfo(name=self.name)
 
 
 def _replay(out, source, sched, cache, decode_runs, trace_level="full", snapshot_every=None, time_scale=0.3,

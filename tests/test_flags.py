@@ -12,8 +12,8 @@ from engine.core.config import CacheConfig, SchedulerConfig, engine_flags
 from sim.cli import build_parser as sim_parser
 from sim.cli import main as sim_main
 from sim.flags import sim_flags
-from sim.plan.command import PlanConfig, _configs
-from sim.plan.command import _parser as plan_parser
+from sim.plan.command import _configs
+from sim.plan.config import PlanConfig
 from workloads import DEFAULT_WORKLOAD
 
 BURSTY = str(DEFAULT_WORKLOAD)
@@ -30,6 +30,10 @@ def _options(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
 
 def _shape(action: argparse.Action) -> tuple:
     return action.dest, action.type, action.choices, action.help, type(action)
+
+
+def plan_parser() -> argparse.ArgumentParser:
+    return _subparser(sim_parser(), "plan")
 
 
 ENGINE_RUN = _options(_subparser(engine_parser(), "run"))

@@ -50,7 +50,11 @@ def test_the_fit_keeps_the_runs_first_cold_wake_apart_from_the_median():
 
 class _WithIntake(FixedCost):
     def __init__(self, intake):
-        self.intake = intake
+        self._intake = intake
+
+    @property
+    def intake(self):
+        return self._intake
 
 
 def _first_step_requests(tmp_path, cost):

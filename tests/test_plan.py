@@ -7,8 +7,10 @@ import pytest
 
 from sim.plan import reuse as reuse_mod
 from sim.cli import main
-from sim.plan.command import (ConfigResult, PlanConfig, PlanSpec, evaluate_config, format_table, offered, rank, recommend,
-                              run_at_rate, search_max_rate, slo_check)
+from sim.plan.config import PlanConfig
+from sim.plan.search import (ConfigResult, PlanSpec, evaluate_config, offered, run_at_rate, search_max_rate,
+                             slo_check)
+from sim.plan.table import format_table, rank, recommend
 from sim.plan.plots import pareto_front
 from traces.metrics import parse_slo
 from sim.plan.sweep import parse_price, parse_sweep

@@ -7,7 +7,9 @@ import pytest
 
 import sim.plan.plots as plots
 from sim.cli import main
-from sim.plan.command import ConfigResult, PlanConfig, rank
+from sim.plan.config import PlanConfig
+from sim.plan.search import ConfigResult
+from sim.plan.table import rank
 from sim.plan.plots import write_plan_plots
 from traces.metrics import parse_slo
 from workloads import DEFAULT_WORKLOAD

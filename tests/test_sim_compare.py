@@ -7,7 +7,7 @@ import pytest
 
 import traces
 from engine.core import CacheConfig, SchedulerConfig
-from sim.cost_models.base import StepTiming
+from sim.cost_models.base import CostModelInfo, StepTiming
 from sim.cost_models.batch import StepBatch
 from sim.cli import main
 from sim.fidelity.compare import compare_traces
@@ -25,8 +25,8 @@ class _Cost(CostModelDefaults):
     def step_time(self, batch: StepBatch, step: int) -> StepTiming:
         return StepTiming(0.003 + 3e-5 * batch.num_prefill_tokens + 2e-4 * batch.num_decode_seqs)
 
-    def describe(self) -> dict:
-        return {}
+    def describe(self) -> CostModelInfo:
+        return CostModelInfo(name=self.name)
 
 
 @pytest.fixture(scope="module")

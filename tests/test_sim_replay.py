@@ -9,7 +9,7 @@ from trace_compare import STEP_COLUMNS, as_lists
 
 import traces
 from engine.core import ModelRunnerOutput, Request, RequestStatus, SamplingParams
-from sim.cost_models.base import CostModelDefaults, StepTiming
+from sim.cost_models.base import CostModelInfo, CostModelDefaults, StepTiming
 from sim.cost_models.batch import StepBatch
 from sim.cli import main
 from sim.core.simulator import Simulator
@@ -155,8 +155,8 @@ class _LinearCost(CostModelDefaults):
     def step_time(self, batch: StepBatch, step: int) -> StepTiming:
         return StepTiming(0.004 + 2e-5 * batch.num_prefill_tokens + 1e-4 * batch.num_decode_seqs)
 
-    def describe(self) -> dict:
-        return {"c0": 0.004}
+    def describe(self) -> CostModelInfo:
+        return CostModelInfo(name=self.name, meta={"c0": 0.004})
 
 
 class _SplitCost(CostModelDefaults):
@@ -167,8 +167,8 @@ class _SplitCost(CostModelDefaults):
     def step_time(self, batch: StepBatch, step: int) -> StepTiming:
         return StepTiming(1e-3 + 1e-4 * batch.num_decode_tokens, 5e-4 + 1e-5 * batch.num_prefill_tokens)
 
-    def describe(self) -> dict:
-        return {}
+    def describe(self) -> CostModelInfo:
+        return CostModelInfo(name=self.name)
 
 
 @pytest.mark.parametrize("async_scheduling", [False, True])

@@ -1,6 +1,7 @@
 """What `sim replay` tells a user before and after its numbers: what it simulated, and where its trace is."""
 import traces
 from sim.cli import _simulated_model, main
+from sim.cost_models.base import CostModelDefaults, CostModelInfo
 from workloads import DEFAULT_WORKLOAD
 
 ARGS = ["replay", str(DEFAULT_WORKLOAD), "--model", "qwen3-0.6b", "--hardware", "h200", "--max-requests", "12",
@@ -29,15 +30,26 @@ def test_replay_without_trace_keeps_it_under_runs_and_says_where(tmp_path, monke
     assert traces.load(kept).meta["complete"] is True
 
 
+class _Described(CostModelDefaults):
+    """A cost model that says only what `describe` gives it."""
+
+    def __init__(self, info: CostModelInfo) -> None:
+        self.name, self.info = info.name, info
+
+    def describe(self) -> CostModelInfo:
+        return self.info
+
+
 def test_calibrated_replay_is_labelled_with_the_profile_s_model_and_device():
-    cost = {"name": "calibrated", "model": {"model": "builtin", "architecture": "Qwen3ForCausalLM"},
-            "device": {"type": "cpu", "name": None}}
-    model, hardware = _simulated_model("calibrated", _Source(), "llama-3.1-8b", "h100", cost)
+    fitted = {"model": "builtin", "architecture": "Qwen3ForCausalLM"}
+    cost = _Described(CostModelInfo(name="calibrated", model="builtin", hardware="cpu", fitted_model=fitted))
+    model, hardware = _simulated_model(_Source(), "llama-3.1-8b", "h100", cost)
     assert model["model"] == "builtin" and hardware == "cpu"
 
 
 def test_roofline_replay_of_an_engine_trace_names_the_trace_s_model_not_hf_config():
-    model, hardware = _simulated_model("roofline", _Source(), {"hidden_size": 256}, "h200", {"name": "roofline"})
+    cost = _Described(CostModelInfo(name="roofline", model="custom", hardware="h200"))
+    model, hardware = _simulated_model(_Source(), {"hidden_size": 256}, None, cost)
     assert model["model"] == "builtin" and model["hf_config"] == {"hidden_size": 256} and hardware == "h200"
 
 

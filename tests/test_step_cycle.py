@@ -5,7 +5,7 @@ from core_helpers import EOS, make_requests
 
 from engine.core import CacheConfig, ModelRunnerOutput, SchedulerConfig, make_scheduler
 from engine.core.step_cycle import StepCycle
-from sim.cost_models.base import StepTiming
+from sim.cost_models.base import CostModelInfo, StepTiming
 from sim.cost_models.base import CostModelDefaults
 
 
@@ -147,8 +147,8 @@ class _LinearCost(CostModelDefaults):
     def step_time(self, batch, step: int) -> StepTiming:
         return StepTiming(0.004 + 2e-5 * batch.num_prefill_tokens + 1e-4 * batch.num_decode_seqs)
 
-    def describe(self) -> dict:
-        return {"c0": 0.004}
+    def describe(self) -> CostModelInfo:
+        return CostModelInfo(name=self.name, meta={"c0": 0.004})
 
 
 def _simulate(tmp_path, async_scheduling: bool):

@@ -10,7 +10,7 @@ import pytest
 
 import traces
 from engine.core import CacheConfig, SchedulerConfig
-from sim.cost_models.base import StepTiming
+from sim.cost_models.base import CostModelInfo, StepTiming
 from sim.core.simulator import Simulator
 from sim.core.sources import SimRequest
 from tui.app import StepscopeApp
@@ -30,8 +30,8 @@ class _FixedCost(CostModelDefaults):
     def step_time(self, batch, step: int) -> StepTiming:
         return StepTiming(0.01)
 
-    def describe(self) -> dict:
-        return {"step": 0.01}
+    def describe(self) -> CostModelInfo:
+        return CostModelInfo(name=self.name, meta={"step": 0.01})
 
 
 def record_waits(path) -> RunIndex:

@@ -16,17 +16,13 @@ pytest.importorskip("vllm")
 import traces  # noqa: E402
 from trace_compare import first_difference  # noqa: E402
 from trace_compare import recorded_replay as replay  # noqa: E402
+from trace_builders import prefix_sharing_workload  # noqa: E402
 
 # Every request arrives within nanoseconds of the first, so all are queued before vLLM's first step and
 # its (synchronous) decisions do not depend on how fast this machine steps: at poisson 200/s the run
 # preempted on one machine and not on another.
-WORKLOAD = {
-    "name": "vllm-recorder", "seed": 5, "num_requests": 14,
-    "arrival": {"process": "constant", "rate": 1e9},
-    "prompt_tokens": {"dist": "uniform", "min": 20, "max": 90},
-    "output_tokens": {"dist": "uniform", "min": 6, "max": 20},
-    "prefix": {"groups": 2, "tokens": 64, "fraction": 0.7},
-}
+WORKLOAD = prefix_sharing_workload("vllm-recorder", {"process": "constant", "rate": 1e9}, num_requests=14,
+                                   max_prompt=90, prefix_tokens=64)
 
 
 def small_engine_kwargs(checkpoint) -> dict:
@@ -124,10 +120,10 @@ def test_tui_walks_to_a_vllm_preemption_and_shows_the_victim(vllm_trace):
 def test_sim_calibrate_fits_a_profile_from_a_vllm_trace_as_a_measured_run(vllm_trace, tmp_path, capsys):
     import json
 
-    from sim.calibration.calibrate import main_calibrate
+    from sim.cli import main
 
     out = tmp_path / "vllm.json"
-    assert main_calibrate([str(vllm_trace), "-o", str(out)]) == 0
+    assert main(["calibrate", str(vllm_trace), "-o", str(out)]) == 0
     assert "not a measured engine run" not in capsys.readouterr().err
     profile = json.loads(out.read_text())
     assert profile["fit"]["num_steps"] > 0 and sum(profile["coefficients"].values()) > 0

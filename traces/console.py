@@ -1,15 +1,18 @@
-"""What every reader entry point (`python -m traces`, `sim`, `tui`) does at its edges: trace warnings as one
-line of our own, and an ending of one line and exit status 2 for a damaged trace or a closed stdout."""
+"""Every command's edge (`engine`, `sim`, `python -m traces`, `tui`), written once: a bad flag, a damaged
+trace, bad input or a closed stdout ends in one line on stderr and exit status 2, trace warnings are one
+line of our own, and SIGTERM ends a run as Ctrl-C does (its trace closed whole), with exit status 143."""
 from __future__ import annotations
 
+import argparse
 import os
 import shlex
 import signal
 import sys
 import threading
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from traces.errors import TraceWarning
@@ -70,8 +73,45 @@ class _Sigterm:
 _sigterm = _Sigterm()
 
 
+Run = Callable[[argparse.Namespace], int]
+
+
+@dataclass(frozen=True, slots=True)
+class Command:
+    """What a parsed command line runs; `prog` (`sim replay`) names it in its one-line errors."""
+
+    prog: str
+    run: Run
+
+
+def command(parser: argparse.ArgumentParser, run: Run | None = None) -> argparse.ArgumentParser:
+    """Declare what `parser` (a program, or one of its subcommands) runs on its parsed flags; without
+    `run`, its help (a program given no subcommand). A subcommand's declaration overrides its program's."""
+    parser.set_defaults(command_=Command(parser.prog, run or _help(parser)))
+    return parser
+
+
+def _help(parser: argparse.ArgumentParser) -> Run:
+    def show(args: argparse.Namespace) -> int:
+        parser.print_help()
+        return 0
+    return show
+
+
+def run_command(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None,
+                errors: tuple[type[BaseException], ...] = (ValueError,)) -> int:
+    """Parse `argv` and run the command `parser` declares (`command`) inside `run_cli`. A bad flag is the
+    parser's one line (engine.core.flags.OneLineParser) and exit status 2; --help exits 0."""
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:
+        return int(e.code or 0)
+    chosen: Command = args.command_
+    return run_cli(chosen.prog, lambda: chosen.run(args), errors)
+
+
 def run_cli(prog: str, body: Callable[[], int], errors: tuple[type[BaseException], ...] = (ValueError,)) -> int:
-    """Every command's edge (`engine`, `sim`, `python -m traces`, `tui`): `errors` (and OS errors) become
+    """Run `body` as command `prog`: `errors` (and OS errors) become
     `PROG: error: ...` and exit 2; a reader that went away (`| head`) is one line too, not a BrokenPipeError
     traceback at exit; a Ctrl-C that reaches here (a second one, while a trace is closed) is one line and
     exit 130; a run ended by SIGTERM exits 143 whichever way it ended."""

@@ -44,6 +44,11 @@ class Trace:
     def complete(self) -> bool:
         return bool(self.meta.get("complete"))
 
+    @property
+    def imported(self) -> bool:
+        """A measured run brought in by `sim import-run`: its requests, and no steps to replay."""
+        return "import" in self.meta and not len(self.steps)
+
     @cached_property
     def spans(self) -> pd.DataFrame:
         """Spans flattened from the OTLP JSON lines: name, ids, parent, start/end (s since run start), attributes."""

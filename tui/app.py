@@ -156,8 +156,9 @@ class StepscopeApp(App):
         elif tab == "compare" and self.cmp is not None:
             self.query_one(ComparePane).show(pos)
         else:
-            pane = {"step": StepPane, "blocks": BlocksPane, "request": RequestPane}[tab]
-            self.query_one(pane).show(run, pos, self.selected)
+            panes: dict[str, type[StepPane | BlocksPane | RequestPane]] = {
+                "step": StepPane, "blocks": BlocksPane, "request": RequestPane}
+            self.query_one(panes[tab]).show(run, pos, self.selected)
 
     def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
         self.refresh_views()
@@ -277,4 +278,4 @@ class StepscopeApp(App):
             self.query_one(focus[name]).focus()
 
     def action_help(self) -> None:
-        self.push_screen(HelpScreen(self.BINDINGS))
+        self.push_screen(HelpScreen([b for b in self.BINDINGS if isinstance(b, Binding)]))

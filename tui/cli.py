@@ -3,8 +3,13 @@ A directory that is not a trace is one line on stderr and exit status 2."""
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from engine.core.flags import OneLineParser
+from traces.console import command, run_command
+
+if TYPE_CHECKING:
+    from tui.model import RunIndex
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -16,30 +21,29 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = _parser()
-    try:
-        args = p.parse_args(argv)
-    except SystemExit as e:  # a bad flag: one line already on stderr
-        return int(e.code or 0)
-    if args.trace_dir is None:
-        p.print_help()
-        return 0
+    """The traces are opened at the command's edge (a bad one is its one line); the app runs after it,
+    since Textual takes Ctrl-C as a key and prints a crash's traceback itself."""
     from traces import TraceError
-    from traces.console import run_cli
-    from tui.loader import open_trace
-    from tui.model import RunIndex
 
-    runs = []
+    parser = _parser()
+    runs: list[RunIndex] = []
 
-    def load_all() -> int:
+    def load(args: argparse.Namespace) -> int:
+        if args.trace_dir is None:
+            parser.print_help()
+            return 0
+        from tui.loader import open_trace
+        from tui.model import RunIndex
+
         runs.extend(RunIndex(open_trace(path), label) for path, label in ((args.trace_dir, "A"),
                                                                           (args.trace_dir_b, "B")) if path is not None)
         return 0
 
-    if run_cli("tui", load_all, (TraceError,)) != 0:
-        return 2
+    rc = run_command(command(parser, load), argv, (TraceError,))
+    if rc or not runs:
+        return rc
     from tui.app import StepscopeApp
 
     app = StepscopeApp(*runs)
     app.run()
-    return app.return_code or 0  # Textual prints a crash's traceback itself; the exit status says it too
+    return app.return_code or 0  # the exit status says a crash too

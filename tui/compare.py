@@ -73,7 +73,8 @@ def _arrivals(a: RunIndex, b: RunIndex, pos: int) -> list[Cause]:
         before_here, before_there = int(run_here.step_no[pos]) - 1, int(run_there.step_no[pos]) - 1
         waiting = set(run_here.queues.ids[run_here.queues.waiting_at(before_here, start[here])])
         waiting -= set(run_there.queues.ids[run_there.queues.waiting_at(before_there, start[there])])
-        late, later = [], []
+        late: list[tuple[float, str]] = []
+        later: list[tuple[float, str]] = []
         for rid in sorted(map(str, waiting)):
             if not run_there.has_request(rid):
                 continue

@@ -135,8 +135,8 @@ class RequestPane(Vertical):
         self.query_one("#request-info", Static).update(views.request_info(run, selected), layout=False)
         if self.key != (id(run), selected):
             self.key = (id(run), selected)
-            known = selected and run.has_request(selected)
-            self.events = reasons.explained_lifecycle(run, selected) if known else []
+            known = selected is not None and run.has_request(selected)
+            self.events = reasons.explained_lifecycle(run, selected) if selected is not None and known else []
         rows = [[f"{e.time:.4f}", str(e.step) if e.step >= 0 else "", e.kind, e.detail] for e in self.events]
         styles = [views.EVENT_STYLE.get(e.kind, "") for e in self.events]
         step = int(run.step_no[pos])

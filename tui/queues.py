@@ -1,19 +1,6 @@
 """The scheduler's running and waiting queues after any step, derived from a trace (which records
-decisions, not queues).
-
-Derivation, from the `decisions` and `requests` tables:
-- A request is *admitted* by a `schedule` row whose `num_computed_tokens` equals its `prefix_hit_tokens`
-  (the recorder writes a request's starting point when it enters the running queue — first time or
-  after a preemption — and 0 prefix hits on every later row, whose computed count is then > 0).
-- *Running* after step s: admitted at some step a <= s, with no `preempt`/`finish`/`abort` row for it
-  in steps a..s. Order: the scheduler appends admissions to `running`, so by admission step; within a
-  step by waiting-queue order (fcfs: resumed requests first, then new ones, each as recorded;
-  priority: (priority, arrival, request id)). The last running request is the next FCFS victim.
-- *Waiting* after step s: queued at or before step s's start (`queued` <= `start`), not running, and
-  not finished, aborted or rejected by step s. Order: fcfs puts preempted requests at the front, the
-  most recently preempted first (they are prepended), then the others by (queued, arrival);
-  priority orders all by (priority, arrival, request id), the scheduler's heap order.
-The derived lengths equal the steps table's `num_running` / `num_waiting` (checked by the tests)."""
+decisions, not queues) by `QueueIndex`; the derived lengths equal the steps table's `num_running` /
+`num_waiting` (checked by the tests)."""
 from __future__ import annotations
 
 import numpy as np
@@ -30,7 +17,21 @@ def admissions(decisions: pd.DataFrame) -> np.ndarray:
 
 
 class QueueIndex:
-    """Admission intervals and preemptions per request, so each step's queues cost one vectorised pass."""
+    """Admission intervals and preemptions per request, so each step's queues cost one vectorised pass.
+
+    From the `decisions` and `requests` tables:
+    - A request is *admitted* by a `schedule` row whose `num_computed_tokens` equals its `prefix_hit_tokens`
+      (the recorder writes a request's starting point when it enters the running queue, first time or
+      after a preemption, and 0 prefix hits on every later row, whose computed count is then > 0).
+    - *Running* after step s: admitted at some step a <= s, with no `preempt`/`finish`/`abort` row for it
+      in steps a..s. Order: by admission step (the scheduler appends admissions to `running`); within a
+      step by waiting-queue order (fcfs: resumed requests first, then new ones, each as recorded;
+      priority: (priority, arrival, request id)). The last running request is the next FCFS victim.
+    - *Waiting* after step s: queued at or before step s's start (`queued` <= `start`), not running, and
+      not finished, aborted or rejected by step s. Order: fcfs puts preempted requests at the front, the
+      most recently preempted first (they are prepended), then the others by (queued, arrival);
+      priority orders all by (priority, arrival, request id), the scheduler's heap order.
+    """
 
     def __init__(self, decisions: pd.DataFrame, requests: pd.DataFrame, policy: str = "fcfs") -> None:
         self.policy = policy

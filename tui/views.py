@@ -149,7 +149,7 @@ def waiting_rows(run: RunIndex, pos: int, selected: str | None) -> tuple[int, Ro
 def request_info(run: RunIndex, rid: str | None) -> Text:
     t = Text(no_wrap=False)
     info = run.request(rid) if rid else None
-    if info is None:
+    if rid is None or info is None:
         return t.append("No request selected: pick one in a table (or press s).", "dim")
     lat = run.latencies(rid)
     t.append(f"{rid}", "bold magenta")

@@ -5,6 +5,7 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
+from pydantic_core import ErrorDetails
 
 
 class WorkloadError(ValueError):
@@ -31,7 +32,7 @@ def _field_path(loc: tuple, data: Any) -> str:
     return ".".join(out) or "(top level)"
 
 
-def _describe(err: dict) -> tuple[str, str]:
+def _describe(err: ErrorDetails) -> tuple[str, str]:
     """(suffix to add to the path, message) for one pydantic error dict."""
     kind, ctx, msg = err["type"], err.get("ctx") or {}, err["msg"]
     disc = str(ctx.get("discriminator", "")).strip("'")
@@ -52,7 +53,7 @@ def _describe(err: dict) -> tuple[str, str]:
 MAX_LISTED = 10  # problems listed in the one line; past them, a count
 
 
-def _problem(err: dict, data: Any) -> tuple[str, str]:
+def _problem(err: ErrorDetails, data: Any) -> tuple[str, str]:
     """(field path, what is wrong) of one pydantic error."""
     suffix, what = _describe(err)
     path = _field_path(tuple(err["loc"]), data) + suffix

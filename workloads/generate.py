@@ -94,6 +94,7 @@ def _scaled(lengths: np.ndarray, factor: float) -> np.ndarray:
 def _synthetic_chunks(spec: WorkloadSpec) -> Iterator[Chunk]:
     """Endless chunks of (arrivals, prompt lengths, output lengths); the first request arrives at 0."""
     arrival = spec.arrival
+    assert spec.prompt_tokens is not None and spec.output_tokens is not None  # checked when the file was read
     gaps, prompt, output = gap_sampler(arrival), length_sampler(spec.prompt_tokens), length_sampler(spec.output_tokens)
     rng_a, rng_p, rng_o = _rng(spec.seed, _ARRIVAL), _rng(spec.seed, _PROMPT), _rng(spec.seed, _OUTPUT)
     clock = 0.0
@@ -116,7 +117,7 @@ def _trace_chunks(arrival: TraceArrival, path: Path) -> Iterator[Chunk]:
         prompt = np.array([r.prompt_tokens for r in batch], dtype=np.int64)
         output = np.array([r.output_tokens for r in batch], dtype=np.int64)
         hashes = [r.hash_ids or [] for r in batch] if arrival.format == "mooncake" else None
-        ids = [r.prompt_token_ids for r in batch] if batch[0].prompt_token_ids is not None else None
+        ids = [r.prompt_token_ids or [] for r in batch] if batch[0].prompt_token_ids is not None else None
         yield t, prompt, output, hashes, ids
 
 
@@ -181,8 +182,12 @@ def stream_requests(spec: WorkloadSpec, trace_path: Path | None, vocab_size: int
     caps = [c for c in (spec.num_requests, limit) if c is not None]
     cap = min(caps) if caps else None
     scale, seed, prefix = spec.length_scale, spec.seed, spec.prefix
-    is_trace = isinstance(spec.arrival, TraceArrival)
-    chunks = _trace_chunks(spec.arrival, trace_path) if is_trace else _synthetic_chunks(spec)
+    if isinstance(spec.arrival, TraceArrival):
+        if trace_path is None:
+            raise ValueError("a trace workload's requests need its trace file")
+        chunks = _trace_chunks(spec.arrival, trace_path)
+    else:
+        chunks = _synthetic_chunks(spec)
     blocks = BlockTable(seed, max(1, round(MOONCAKE_BLOCK_TOKENS * scale)), vocab_size)
     prefix_len = min(max(1, round(prefix.tokens * scale)), MAX_LENGTH) if prefix else 0
     prefix_rng, prefixes = _rng(seed, _PREFIX), {}
@@ -216,7 +221,7 @@ def stream_requests(spec: WorkloadSpec, trace_path: Path | None, vocab_size: int
                 if g not in prefixes:
                     prefixes[g] = _rng(seed, _GROUP, g).integers(FIRST_TOKEN_ID, vocab_size, prefix_len).tolist()
                 ids = prefixes[g] + ids
-            elif ids is not None and h:
+            elif ids is not None and h and hashes is not None:
                 ids = blocks.tokens(hashes[j], h) + ids
             yield WorkloadRequest(f"w{index}", t * time_scale, ids, out, n_prompt)
             index += 1

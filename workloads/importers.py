@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import csv
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -177,7 +177,7 @@ _READERS: dict[str, Callable[[Path], Iterator[tuple[int, TraceRow]]]] = {
 }
 
 
-def read_trace(path: str | Path, fmt: str) -> Iterator[TraceRow]:
+def read_trace(path: str | Path, fmt: str) -> Generator[TraceRow, None, None]:
     """Rows of a trace in file order; arrivals must start at >= 0 and never go back (a stream cannot sort)."""
     path = Path(path)
     if fmt not in _READERS:

@@ -48,10 +48,11 @@ class Workload:
         if self.spec.duration is not None:
             return None
         n = self.spec.num_requests
-        if self.trace_path is not None:
+        arrival = self.spec.arrival
+        if self.trace_path is not None and isinstance(arrival, TraceArrival):
             from workloads.importers import read_trace
 
-            rows = sum(1 for _ in read_trace(self.trace_path, self.spec.arrival.format))
+            rows = sum(1 for _ in read_trace(self.trace_path, arrival.format))
             n = rows if n is None else min(n, rows)
         return n if limit is None or n is None else min(n, limit)
 
@@ -111,7 +112,7 @@ def _check(spec: WorkloadSpec, source: str | Path, base_dir: Path) -> Path | Non
                 raise WorkloadError(source, key, "is required (unless arrival.process is trace)")
         if spec.num_requests is None and spec.duration is None:
             raise WorkloadError(source, "num_requests", "give num_requests or duration (seconds)")
-        if spec.num_requests is None and arrival.rate * spec.duration > MAX_REQUESTS:
+        if spec.num_requests is None and spec.duration is not None and arrival.rate * spec.duration > MAX_REQUESTS:
             # Only the duration ends such a stream: bound the requests it makes as num_requests is bounded.
             raise WorkloadError(source, "duration", f"{spec.duration:g} s at arrival.rate {arrival.rate:g}/s is about "
                                 f"{arrival.rate * spec.duration:.3g} requests, more than {MAX_REQUESTS:,}: give "

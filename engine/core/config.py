@@ -63,6 +63,13 @@ class SchedulerConfig:
                    f"must be >= max_model_len ({self.max_model_len}) when chunked prefill is off",
                    self.max_num_batched_tokens)
 
+    @property
+    def token_budget(self) -> int:
+        """The token budget per step, `max_num_batched_tokens` as construction resolved it."""
+        if self.max_num_batched_tokens is None:
+            raise ValueError("SchedulerConfig.max_num_batched_tokens: unresolved (set after construction)")
+        return self.max_num_batched_tokens
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 

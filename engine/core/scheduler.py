@@ -33,9 +33,7 @@ class Scheduler:
         self.scheduler_config = scheduler_config
         self.cache_config = cache_config
         self.max_num_running_reqs = scheduler_config.max_num_seqs
-        if scheduler_config.max_num_batched_tokens is None:
-            raise ValueError("scheduler_config.max_num_batched_tokens: must be set (SchedulerConfig sets it)")
-        self.max_num_scheduled_tokens: int = scheduler_config.max_num_batched_tokens
+        self.max_num_scheduled_tokens = scheduler_config.token_budget
         self.max_model_len = scheduler_config.max_model_len
         self.long_prefill_token_threshold = scheduler_config.long_prefill_token_threshold
         self.enable_chunked_prefill = scheduler_config.enable_chunked_prefill

@@ -93,10 +93,8 @@ class ModelRunner:
         """A worst-case forward without KV cache (a full token budget, split into max_model_len
         sequences) plus sampling for max_num_seqs rows, to measure peak activation memory."""
         sc = self.config.scheduler_config
-        if sc.max_num_batched_tokens is None:
-            raise RuntimeError("SchedulerConfig: max_num_batched_tokens was not resolved")
         model, max_len = self._loaded_model(), sc.max_model_len
-        total = min(sc.max_num_batched_tokens, max_len * sc.max_num_seqs)
+        total = min(sc.token_budget, max_len * sc.max_num_seqs)
         lens = [max_len] * (total // max_len) + ([total % max_len] if total % max_len else [])
         qsl = np.concatenate([[0], np.cumsum(lens)]).tolist()
         ids = torch.zeros(total, dtype=torch.long, device=self.device)

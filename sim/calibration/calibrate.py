@@ -8,10 +8,7 @@ scatter around the laws becomes the residual table the simulator samples from.
 """
 from __future__ import annotations
 
-import argparse
-import sys
 import time
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,18 +16,15 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from engine.core.flags import OneLineParser
-
+from sim.calibration.fit import fit_mean_law, part_stats, ratios
 from sim.cost_models.batch import StepBatch, causal_pairs
 from sim.cost_models.calibrated import device_label, model_label, trace_identity
-from sim.cost_models.profile import CostProfile, FitReport, FitStats, HeldOut, PartLaw, TraceRef
+from sim.cost_models.intake import fit_intake
 from sim.cost_models.parts import PART_TERMS, PARTS, TERM_UNITS, batch_range, part_matrix
+from sim.cost_models.profile import CostProfile, FitReport, FitStats, HeldOut, PartLaw, ResidualTable, TraceRef
 from sim.cost_models.residuals import level_quantile, levels_from, residual_table, run_levels
 from sim.cost_models.roofline import DTYPE_BYTES, effective_from_coefficients, model_shape
-from sim.calibration.fit import fit_mean_law, part_stats, ratios
-from traces.outputs import Output, check_outputs, replaced_when_done
-from sim.cost_models.intake import fit_intake
-from traces import Trace, load
+from traces import Trace
 
 
 def step_table(trace: Trace) -> pd.DataFrame:
@@ -115,7 +109,7 @@ def _stats(laws: dict[str, PartLaw], samples: list[StepSamples]) -> dict[str, Fi
     out = {p: part_stats(ys[p], preds[p]) for p in PARTS}
     gap_pred = np.where(ys["gap"] > 0, preds["gap"], 0.0)  # no gap is paid before an idle wait
     out["cycle"] = part_stats(ys["device"] + ys["host"] + ys["gap"], preds["device"] + preds["host"] + gap_pred)
-    return {p: FitStats(**st) for p, st in out.items()}
+    return out
 
 
 def _identity_warnings(traces: list[Trace], idents: list[dict[str, Any]]) -> list[str]:
@@ -167,7 +161,8 @@ def _effective(coefficients: dict[str, float], model: dict[str, Any]) -> dict[st
     """Measured FLOP/s and bandwidth (what `roofline --profile` uses), when the traces carry a model shape."""
     if not model.get("hf_config"):
         return None
-    dtype = model.get("dtype") if model.get("dtype") in DTYPE_BYTES else "bfloat16"
+    named_dtype = model.get("dtype")
+    dtype = named_dtype if isinstance(named_dtype, str) and named_dtype in DTYPE_BYTES else "bfloat16"
     try:
         return effective_from_coefficients(coefficients, model_shape(model["hf_config"], dtype))
     except ValueError as e:
@@ -190,10 +185,9 @@ def _err(st: FitStats) -> str:
 def report_lines(profile: CostProfile, output: str | None = None) -> list[str]:
     """What `sim calibrate` prints: data, fit error per part, held-out error, laws, residual model."""
     fit, ident = profile.fit, {"model": profile.model, "device": profile.device}
-    lines = [f"calibrated on {len(profile.traces)} trace(s), {fit.num_steps} steps, none dropped: "
-             f"{model_label(ident)} on {device_label(ident)}"]
-    for part in (*PARTS, "cycle"):
-        st = fit.parts[part]
+    steps = f"{fit.num_steps} steps, none dropped" if fit is not None else "no fit report"
+    lines = [f"calibrated on {len(profile.traces)} trace(s), {steps}: {model_label(ident)} on {device_label(ident)}"]
+    for part, st in [(p, fit.parts[p]) for p in (*PARTS, "cycle")] if fit is not None else []:
         line = f"fit error {part}: {_err(st)}"
         if st.num_steps:
             line += f", |error| p50 {st.p50_abs_pct:.2f}%, p90 {st.p90_abs_pct:.2f}% over {st.num_steps} steps"
@@ -205,22 +199,8 @@ def report_lines(profile: CostProfile, output: str | None = None) -> list[str]:
         law = profile.parts[part]
         terms = ", ".join(f"{k} {_seconds(v)}/{TERM_UNITS[k]}" for k, v in law.coefficients.items())
         lines.append(f"law {part}: {terms}; total measured/law {law.mean_ratio:.3f}")
-    res = profile.residuals
-    ratios_table = np.asarray(res.ratios, dtype=float)
-    dev = ratios_table[:, 0]
-    lines.append(f"residuals: all {len(dev)} steps kept as a table sampled in blocks of {res.block_steps} steps "
-                 f"(device measured/law p5 {np.percentile(dev, 5):.2f}, p50 {np.percentile(dev, 50):.2f}, "
-                 f"p95 {np.percentile(dev, 95):.2f}, max {dev.max():.2f})")
-    segments = res.segments or [len(dev)]
-    level_segments = levels_from(segments)
-    levels = run_levels(ratios_table, level_segments)
-    if len(levels) > 1:
-        what = ("per calibration run" if level_segments == segments else
-                "per part of the one calibration run" if len(segments) == 1 else "per part of each calibration run")
-        lo, hi = (float(level_quantile(levels, q)[0]) for q in (0.05, 0.95))
-        lines.append(f"run levels (device measured/law, {what}): "
-                     f"{', '.join(f'{v:.2f}' for v in levels[:, 0])}; sampled replays run at a new run's likely "
-                     f"level given these, p5 {lo:.2f} to p95 {hi:.2f}")
+    if profile.residuals is not None:
+        lines.extend(_residual_lines(profile.residuals))
     intake = profile.intake
     if intake is not None:
         first = intake.first_wake_s
@@ -239,37 +219,21 @@ def report_lines(profile: CostProfile, output: str | None = None) -> list[str]:
     return lines
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = OneLineParser(prog="sim calibrate", description="Fit a calibrated cost model (PROFILE.json) to engine traces.")
-    p.add_argument("traces", nargs="+", metavar="TRACE_DIR", help="engine trace directories")
-    p.add_argument("-o", "--output", required=True, metavar="PROFILE.json", help="where to write the profile")
-    return p
-
-
-def _load(path: str, warns: list[str]) -> Trace:
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        trace = load(path)
-    warns.extend(str(w.message) for w in caught)
-    return trace
-
-
-def main_calibrate(argv: list[str] | None = None) -> int:
-    """`sim calibrate ...`; bad input raises, for `sim.cli`'s one error path (one line, exit status 2)."""
-    try:
-        args = build_parser().parse_args(argv)
-    except SystemExit as e:
-        return int(e.code or 0)
-    warns: list[str] = []
-    out = Path(args.output)
-    if not out.parent.is_dir():
-        raise ValueError(f"{out}: directory {out.parent} does not exist")
-    check_outputs([Output("-o", out)], args.traces)
-    profile, fit_warns = calibrate([_load(p, warns) for p in args.traces])
-    with replaced_when_done(out, "-o") as tmp:  # a full disk never leaves half of it over the old one
-        tmp.write_text(profile.to_json())
-    for w in warns + fit_warns:
-        print(f"sim calibrate: warning: {w}", file=sys.stderr)
-    for line in report_lines(profile, str(out)):
-        print(line)
-    return 0
+def _residual_lines(res: ResidualTable) -> list[str]:
+    """The residual table as `sim calibrate` reports it: its spread, and the run levels a replay draws from."""
+    ratios_table = np.asarray(res.ratios, dtype=float)
+    dev = ratios_table[:, 0]
+    lines = [f"residuals: all {len(dev)} steps kept as a table sampled in blocks of {res.block_steps} steps "
+             f"(device measured/law p5 {np.percentile(dev, 5):.2f}, p50 {np.percentile(dev, 50):.2f}, "
+             f"p95 {np.percentile(dev, 95):.2f}, max {dev.max():.2f})"]
+    segments = res.segments or [len(dev)]
+    level_segments = levels_from(segments)
+    levels = run_levels(ratios_table, level_segments)
+    if len(levels) > 1:
+        what = ("per calibration run" if level_segments == segments else
+                "per part of the one calibration run" if len(segments) == 1 else "per part of each calibration run")
+        lo, hi = (float(level_quantile(levels, q)[0]) for q in (0.05, 0.95))
+        lines.append(f"run levels (device measured/law, {what}): "
+                     f"{', '.join(f'{v:.2f}' for v in levels[:, 0])}; sampled replays run at a new run's likely "
+                     f"level given these, p5 {lo:.2f} to p95 {hi:.2f}")
+    return lines

@@ -4,7 +4,7 @@ The law is a conditional-mean law: non-negative coefficients whose prediction is
 a step of that shape, slow steps included (weighted least squares on relative error, weights 1/law,
 iterated: step times span orders of magnitude and their scatter grows with them). On a shared machine
 short steps are slowed proportionally more than long ones (a stolen time slice is a larger share of a
-20 ms step than of a 1 s one); a median law times one global slowdown factor would then be biased per
+short step than of a long one); a median law times one global slowdown factor would then be biased per
 shape, while the mean law absorbs the average stolen time in its per-step and per-sequence terms. The
 scatter around it lives on in the residual ratios (sim.cost_models.residuals), none dropped.
 """
@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from sim.cost_models.calibrated import error_stats, nnls
+from sim.cost_models.profile import FitStats
 
 
 def fit_mean_law(x: np.ndarray, y: np.ndarray, iterations: int = 10) -> np.ndarray:
@@ -46,10 +47,7 @@ def ratios(y: np.ndarray, pred: np.ndarray, measured: np.ndarray | None = None) 
     return np.where(ok, y / np.where(ok, pred, 1.0), 1.0)
 
 
-def part_stats(y: np.ndarray, pred: np.ndarray) -> dict[str, float]:
+def part_stats(y: np.ndarray, pred: np.ndarray) -> FitStats:
     """error_stats over the steps where the part was measured (y > 0); NaNs when there are none."""
     rows = y > 0
-    if not rows.any():
-        return {"num_steps": 0, "mape": float("nan"), "r2": float("nan"), "p50_abs_pct": float("nan"),
-                "p90_abs_pct": float("nan")}
-    return error_stats(y[rows], pred[rows])
+    return error_stats(y[rows], pred[rows]) if rows.any() else FitStats()

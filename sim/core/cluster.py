@@ -191,7 +191,7 @@ class Cluster:
                     seed: int, trace_level: str, overwrite: bool, snapshot_every: int | None,
                     flush_every: int) -> None:
         cost_model = self.cost_model
-        full = {"source": "sim", **(meta or {}), "cost_model": {"name": cost_model.name, **cost_model.describe()},
+        full = {"source": "sim", **(meta or {}), "cost_model": cost_model.describe().to_meta(),
                 "seed": seed}
         full.setdefault("config", {}).update({"scheduler": scheduler_config.to_dict(), "cache": cache_config.to_dict()})
         if not self.numbers_steps:

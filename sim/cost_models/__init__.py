@@ -13,6 +13,9 @@ if TYPE_CHECKING:
     from traces import Trace
 
 COST_MODELS = ("recorded", "calibrated", "roofline", "aiconfigurator")
+# What the roofline and aiconfigurator price when no --model or --hardware says (a bundle knows its own GPU).
+DEFAULT_MODEL = "llama-3.1-8b"
+DEFAULT_HARDWARE = "h100"
 
 
 class CostModelError(ValueError):
@@ -29,7 +32,7 @@ def get_cost_model(name_or_path: str, source_trace: Trace | None = None, model: 
                    async_scheduling: bool = True, vllm_version: str | None = None) -> CostModel:
     """Build a cost model. `source_trace` is the loaded trace a replay comes from (needed by
     `recorded`); `model` a preset name, config.json or HF config dict and `hardware` a name or FILE.yaml
-    (roofline, bundle, aiconfigurator); `profile` a PROFILE.json (calibrated, or measured rates for
+    (roofline, bundle, aiconfigurator; None: DEFAULT_HARDWARE, or a bundle's own GPU); `profile` a PROFILE.json (calibrated, or measured rates for
     roofline); `residual_seed` (calibrated) draws one sampled replay of the measured residuals instead of
     the expected step times. The per-kernel models add host time per step only without async scheduling;
     `vllm_version` (of an imported run) prices all-reduces as that version's were measured."""
@@ -42,6 +45,9 @@ def get_cost_model(name_or_path: str, source_trace: Trace | None = None, model: 
         if source_trace is None:
             raise CostModelError("--cost-model recorded: needs an engine trace directory as the source "
                                  "(a workload file has no recorded step times); use roofline or calibrated")
+        if not len(source_trace.steps):
+            raise CostModelError(f"{source_trace.path}: the trace has no steps, so --cost-model recorded has no step "
+                                 "times to replay (use roofline or calibrated)")
         from sim.cost_models.recorded import RecordedCostModel
 
         return RecordedCostModel.from_trace(source_trace)
@@ -52,14 +58,12 @@ def get_cost_model(name_or_path: str, source_trace: Trace | None = None, model: 
             raise _missing(name, e) from None
         if model is None:
             raise CostModelError("--cost-model roofline: needs --model (a preset such as llama-3.1-8b)")
-        if hardware is None:
-            raise CostModelError("--cost-model roofline: needs --hardware (h100, h200, a100, l4, ...)")
-        return RooflineCostModel.from_args(model=model, hardware=hardware, profile=profile, tp=tp,
+        return RooflineCostModel.from_args(model=model, hardware=hardware or DEFAULT_HARDWARE, profile=profile, tp=tp,
                                            async_scheduling=async_scheduling, vllm_version=vllm_version)
     if name == "aiconfigurator":
         from sim.cost_models.kernel_models import aiconfigurator_model
 
-        return aiconfigurator_model(model, hardware, tp, async_scheduling, vllm_version)
+        return aiconfigurator_model(model, hardware or DEFAULT_HARDWARE, tp, async_scheduling, vllm_version)
     if Path(name).is_dir():
         from sim.cost_models.kernel_models import bundle_model
 
@@ -79,4 +83,4 @@ def get_cost_model(name_or_path: str, source_trace: Trace | None = None, model: 
                          ", a PROFILE.json path or a kernel-profile bundle directory)")
 
 
-__all__ = ["COST_MODELS", "CostModel", "CostModelError", "get_cost_model"]
+__all__ = ["COST_MODELS", "DEFAULT_HARDWARE", "DEFAULT_MODEL", "CostModel", "CostModelError", "get_cost_model"]

@@ -31,6 +31,13 @@ _ALLREDUCE_SIZES = tuple(4096 * 4**i for i in range(16))
 _ALLREDUCE_LANE = "vLLM_custom_graph"  # vLLM's custom all-reduce captured in a CUDA graph (backend vllm_graph)
 
 
+def _table(root: Path, system: str, kind: str) -> tuple[str, Path]:
+    found = table_file(root, system, kind)
+    if found is None:
+        raise ValueError(f"aiconfigurator {root}: no vLLM {kind} table for {system}")
+    return found
+
+
 def extract_rows(hardware: tuple[str, ...] = EXTRACT_GPUS) -> list[dict]:
     """Measured rows only: GEMMs at each layer shape's (n, k), or at the grid (n, k) around it when it is
     off the grid; decode attention at the grid contexts nearest each requested one; prefill at batch 1."""
@@ -38,7 +45,7 @@ def extract_rows(hardware: tuple[str, ...] = EXTRACT_GPUS) -> list[dict]:
     rows: list[dict] = []
     for hw in hardware:
         system = AIC_SYSTEMS[hw]
-        version, path = table_file(root, system, "gemm")
+        version, path = _table(root, system, "gemm")
         gemm = bf16_gemm(str(path))
         ns, ks = sorted(set(gemm["n"])), sorted(set(gemm["k"]))
         for model, (h, heads, kvh, d, inter, tps) in _EXTRACT_MODELS.items():
@@ -56,7 +63,7 @@ def extract_rows(hardware: tuple[str, ...] = EXTRACT_GPUS) -> list[dict]:
                                              "time_us": round(r.latency * 1e3, 4), "kernel_source": r.kernel_source,
                                              "table": str(path.relative_to(root))})
         for kind, name in (("generation", "decode_attention"), ("context", "context_attention")):
-            _, apath = table_file(root, system, kind)
+            _, apath = _table(root, system, kind)
             df = attention_rows(str(apath))
             df = df[(df["num_heads"] == 32) & (df["num_key_value_heads"] == 8) & (df["head_dim"] == 128)]
             lane = attention_lane(df, 128)

@@ -2,20 +2,16 @@
 for the vLLM backend: the bf16 GEMM table prices the projections and the LM head, the context and
 generation attention tables price attention, and vLLM's custom all-reduce table prices the all-reduces.
 
-The package measures no norm, rotary, activation, embedding or sampler kernels (its own estimator prices
-them from the spec-sheet bandwidth), so those are a bandwidth formula here, with both constants taken
-from the GPU's own GEMM table: the floor is the median time of the smallest batch-1 GEMMs (n and k up to
-FLOOR_MAX_NK: launch and tail), the bandwidth the median a batch-1 GEMM reaches streaming at least
-STREAM_MIN_BYTES of weights (too many to stay in L2).
+The package measures no norm, rotary, activation, embedding or sampler kernels, so those are a bandwidth
+formula here with both constants from the GPU's own GEMM table: the floor is the median time of the
+smallest batch-1 GEMMs (n and k up to FLOOR_MAX_NK), the bandwidth the median a batch-1 GEMM reaches
+streaming at least STREAM_MIN_BYTES of weights (too many to stay in L2).
 
-Times are interpolated linearly in log-log space between measured points. Below a table's grid a
-kernel costs the smallest measured one (a smaller problem is not faster than the launch floor); above
-it, time grows in proportion to the axis (GEMM m, n, k; decode batch and context) or to its square
-(prefill chunk length, causal attention). Lookups past the top count in `outside`; shapes off the n/k
-or head grids are listed by `describe()` instead, since they are fixed for a model and every step would count.
-
-Tables are parsed once per process (`lru_cache`) and each op's curve is built on first use, so a call
-is a bisect and a power: a simulation prices millions of steps.
+Times are interpolated linearly in log-log space between measured points. Below a table's grid a kernel
+costs the smallest measured one (no problem is faster than the launch floor); above it, time grows in
+proportion to the axis (GEMM m, n, k; decode batch and context) or to its square (prefill chunk, causal
+attention). Lookups past the top count in `outside`; shapes off the n/k or head grids, fixed for a
+model, are listed by `describe()` instead.
 """
 from __future__ import annotations
 
@@ -45,7 +41,9 @@ class AIConfiguratorKernels:
 
     `shape` is already the rank's shard (heads, KV heads, intermediate and vocab divided by `tp`); `tp`
     is only used to give the sampler the whole vocabulary (vLLM gathers the logits before sampling);
-    `vllm_version` picks that version's measured all-reduces where the database has them.
+    `vllm_version` picks that version's measured all-reduces where the database has them. Tables are
+    parsed once per process and each op's curve built on first use, so a lookup is a bisect and a power:
+    a simulation prices millions of steps.
     """
 
     def __init__(self, shape: ModelShape, hardware: str, tp: int = 1, vllm_version: str | None = None) -> None:
@@ -118,10 +116,6 @@ class AIConfiguratorKernels:
             t += decode / self.mixed_attn_eff if shape.prefill_chunk > 0 else decode
         return t
 
-    def decode_attention(self, n_decode: int, kv_decode: list[int]) -> None:
-        """Looked up one shape at a time (`attention`), as the grid's interpolation is."""
-        return None
-
     def skew_alpha(self, shape: AttentionShape, kv_min: int, kv_max: int) -> float:
         """0: the tables measure batches of equal contexts only, so attention is priced at the mean."""
         return 0.0
@@ -141,7 +135,7 @@ class AIConfiguratorKernels:
             self.outside += 1
         return curve(nbytes)
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         floor, bandwidth = self._streaming_constants()
         self._context or self._build_context()
         self._decode or self._build_decode()

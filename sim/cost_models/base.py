@@ -1,10 +1,10 @@
 """The cost-model seam: the simulator asks how long a step with a given batch takes, and what else the
 model can tell. Every capability is declared here; `CostModelDefaults` gives the answer of a model
-without it, so the simulator asks and never probes."""
+without it, so the simulator and the CLI ask and never probe a model's name or class."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sim.cost_models.batch import StepBatch
 
@@ -41,8 +41,25 @@ class DecodeStepTimes:
         return [d + host for d in self.device]
 
 
+@dataclass(slots=True, frozen=True, kw_only=True)
+class CostModelInfo:
+    """What a cost model says of itself. The typed fields are what a run is labelled by: `model` and
+    `hardware` the model and device it prices (where it knows them), `fitted_model` the traced model's
+    entry a fitted law was fitted on. `meta` is the rest, kept whole in the trace's meta (`to_meta`)."""
+
+    name: str
+    model: str | None = None
+    hardware: str | None = None
+    fitted_model: dict[str, Any] | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def to_meta(self) -> dict[str, Any]:
+        """The trace's `cost_model` entry."""
+        return {"name": self.name, **self.meta}
+
+
 class CostModel(Protocol):
-    """`name` goes into the trace's meta; `describe()` into meta too (parameters, fit error...)."""
+    """A step's price and what the model declares of itself; `describe()` goes into the trace's meta."""
 
     name: str
 
@@ -50,7 +67,7 @@ class CostModel(Protocol):
         """How long the step takes, by part; `step` is the step's index (only `recorded` uses it)."""
         ...
 
-    def describe(self) -> dict: ...
+    def describe(self) -> CostModelInfo: ...
 
     def step_start(self, step: int) -> float | None:
         """When the recorded engine started this step (trace seconds): a recorded replay follows it."""
@@ -77,6 +94,12 @@ class CostModel(Protocol):
         every seed gives the same replay, and `--samples` would report a spread of zero as an interval."""
         ...
 
+    @property
+    def follows_recorded_schedule(self) -> bool:
+        """Whether the model prices only the steps a trace recorded: a replay on it is that run (its model,
+        device and step starts), and any flag that changes the schedule is refused."""
+        ...
+
     def num_gpu_blocks(self, block_size: int, gpu_memory_utilization: float = 0.9,
                        max_num_batched_tokens: int = 8192) -> int | None:
         """KV cache blocks left after the weights, where the model knows the device's memory."""
@@ -90,9 +113,21 @@ class CostModel(Protocol):
 class CostModelDefaults:
     """The answers of a cost model without the optional capabilities; concrete models inherit them."""
 
-    intake: Intake | None = None
-    max_model_len: int | None = None
-    has_residuals: bool = False
+    @property
+    def intake(self) -> Intake | None:
+        return None
+
+    @property
+    def max_model_len(self) -> int | None:
+        return None
+
+    @property
+    def has_residuals(self) -> bool:
+        return False
+
+    @property
+    def follows_recorded_schedule(self) -> bool:
+        return False
 
     def step_start(self, step: int) -> float | None:
         return None

@@ -5,12 +5,9 @@ law in the batch's shape, fitted to measured engine steps by `sim calibrate`. Th
               + c_attn * prefill_attention + c_seq * num_seqs + c_pseq * prefill_seqs
 
 Each term is a physical cost (fixed launch/weight read, per-token matmuls, KV reads, causal attention,
-per-sequence bookkeeping, what a prefill sequence costs beyond its tokens), so a cost can never be
-negative: the fit is NNLS, not plain least squares. Without c_pseq, a law fitted on a run of short
-prompts puts their many small prefills' fixed cost into c_p and times another run's longer prompts too
-slow (held out in bench/fidelity.py). The term shows only in runs, where prefills follow waits and join
-decodes: a lone short prompt costs its tokens' worth and no more, so it is not the attention call per
-sequence.
+per-sequence bookkeeping, what a prefill sequence costs beyond its tokens), so none can be negative: the
+fit is NNLS, not plain least squares. Without c_pseq a law fitted on many short prompts puts their
+fixed cost into c_p and times longer prompts too slow (held out in bench/fidelity.py).
 The host phases and the gap before the next step have laws of their own, and the measured scatter
 around all three is replayed from the profile's residual table (sim.cost_models.residuals).
 """
@@ -22,11 +19,11 @@ from typing import Any
 import numpy as np
 
 from sim.cost_models.batch import StepBatch
-from sim.cost_models.base import CostModelDefaults, StepTiming
+from sim.cost_models.base import CostModelDefaults, CostModelInfo, StepTiming
 from sim.cost_models.parts import DEVICE_TERMS, PART_TERMS, PARTS, RANGE_FIELDS, TERM_UNITS, part_features
 from sim.cost_models.residuals import ResidualSampler
 from sim.cost_models.intake import Intake
-from sim.cost_models.profile import LATER_COEFFICIENTS, CostProfile, load_profile
+from sim.cost_models.profile import LATER_COEFFICIENTS, CostProfile, FitStats, load_profile
 
 UNITS = {k: f"s/{TERM_UNITS[k]}" for k in DEVICE_TERMS}
 
@@ -43,13 +40,13 @@ def nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return scipy_nnls(a, b, maxiter=50 * a.shape[1])[0]
 
 
-def error_stats(y: np.ndarray, pred: np.ndarray) -> dict[str, float]:
+def error_stats(y: np.ndarray, pred: np.ndarray) -> FitStats:
     """MAPE, R^2 and the median / 90th percentile absolute percentage error."""
     ape = np.abs(pred - y) / np.maximum(np.abs(y), 1e-12) * 100
     ss_tot = float(((y - y.mean()) ** 2).sum())
     r2 = 1.0 - float(((y - pred) ** 2).sum()) / ss_tot if ss_tot > 0 else float("nan")
-    return {"num_steps": int(len(y)), "mape": float(ape.mean()), "r2": r2,
-            "p50_abs_pct": float(np.percentile(ape, 50)), "p90_abs_pct": float(np.percentile(ape, 90))}
+    return FitStats(num_steps=int(len(y)), mape=float(ape.mean()), r2=r2, p50_abs_pct=float(np.percentile(ape, 50)),
+                    p90_abs_pct=float(np.percentile(ape, 90)))
 
 
 def trace_identity(meta: dict[str, Any]) -> dict[str, Any]:
@@ -77,6 +74,7 @@ class CalibratedCostModel(CostModelDefaults):
     (the expected step). A profile without parts (format 1) is one law for the whole step."""
 
     name = "calibrated"
+    intake: Intake | None = None
 
     def __init__(self, profile: CostProfile, path: str | None = None, seed: int | None = None) -> None:
         self.profile = profile
@@ -149,11 +147,15 @@ class CalibratedCostModel(CostModelDefaults):
                 out.append(f"profile {self.path or ''} was fitted on device {key} {ours!r}, this run uses {theirs!r}")
         return out
 
-    def describe(self) -> dict:
+    def describe(self) -> CostModelInfo:
+        """Labelled with the model and device the profile was fitted on."""
         prof = self.profile
         model = {k: v for k, v in prof.model.items() if k != "hf_config"}
-        return {"name": self.name, "path": self.path, "coefficients": dict(self.coefficients), "units": UNITS,
-                "model": model, "device": prof.device, "fit": prof.fit.model_dump() if prof.fit else None,
-                "leave_one_trace_out": [r.model_dump() for r in prof.leave_one_trace_out],
-                "parts": {p: law.model_dump() for p, law in prof.parts.items()},
-                "seed": self.seed, "fitted_range": self._range, "traces": [t.path for t in prof.traces]}
+        return CostModelInfo(
+            name=self.name, model=model.get("model"), hardware=prof.device.get("name") or prof.device.get("type"),
+            fitted_model=model if model.get("model") else None,
+            meta={"name": self.name, "path": self.path, "coefficients": dict(self.coefficients), "units": UNITS,
+                  "model": model, "device": prof.device, "fit": prof.fit.model_dump() if prof.fit else None,
+                  "leave_one_trace_out": [r.model_dump() for r in prof.leave_one_trace_out],
+                  "parts": {p: law.model_dump() for p, law in prof.parts.items()},
+                  "seed": self.seed, "fitted_range": self._range, "traces": [t.path for t in prof.traces]})

@@ -134,7 +134,8 @@ def with_fitted_efficiencies(hw: Hardware, vllm_version: str | None = None) -> H
         minor = ".".join(str(vllm_version).split(".")[:2])
         link = versions.get(str(vllm_version)) or next(
             (v for k, v in versions.items() if ".".join(k.split(".")[:2]) == minor), link)
-    values = {k: float(v) for k, v in {**fam, **link}.items() if k in _TUNABLE}
+    # Field overrides by name, all floats (the fit file's JSON); the names are checked against _TUNABLE.
+    values: dict[str, Any] = {k: float(v) for k, v in {**fam, **link}.items() if k in _TUNABLE}
     return replace(hw, **values)
 
 
@@ -152,8 +153,12 @@ def hardware_names() -> list[str]:
 def hardware_help() -> str:
     """The table as `--hardware` help lists it."""
     rows = [f"{h.name} ({h.peak_flops / TERA:.0f} TFLOPS, {h.hbm_bandwidth / TERA:.2f} TB/s, "
-            f"{h.memory_bytes / GiB:.0f} GiB, {h.interconnect})" for h in HARDWARE.values()]
+            f"{_memory(h)}, {h.interconnect})" for h in HARDWARE.values()]
     return "; ".join(rows) + "; or FILE.yaml describing another GPU"
+
+
+def _memory(hw: Hardware) -> str:
+    return f"{hw.memory_bytes / GiB:.0f} GiB" if hw.memory_bytes is not None else "memory unknown"
 
 
 def get_hardware(name: str, vllm_version: str | None = None) -> Hardware:

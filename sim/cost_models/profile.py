@@ -8,15 +8,15 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, ValidationError, field_validator
 
 from engine.core.bounded_read import read_bounded
 from sim.cost_models.parts import DEVICE_TERMS
 
-PROFILE_KIND = "stepscope-cost-profile"
-PROFILE_FORMAT_VERSION = 3
+PROFILE_KIND: Final = "stepscope-cost-profile"
+PROFILE_FORMAT_VERSION: Final = 3
 READABLE_FORMAT_VERSIONS = (1, 2, 3)
 # Terms added after a profile format first shipped: 0 where an older profile has none.
 LATER_COEFFICIENTS = frozenset({"c_pseq"})

@@ -164,8 +164,8 @@ class ProfileKernels:
         rows = []
         path = d / "attention.csv"
         for i, r in enumerate(_read_csv(path, _ATTENTION_COLUMNS), start=2):
-            rows.append((*(int(_number(path, i, c, r[c], True)) for c in _ATTENTION_COLUMNS[:4]),
-                         _number(path, i, "time_us", r["time_us"], False) * 1e-6))
+            pc, kvp, nd, kvd = (int(_number(path, i, c, r[c], True)) for c in _ATTENTION_COLUMNS[:4])
+            rows.append((pc, kvp, nd, kvd, _number(path, i, "time_us", r["time_us"], False) * 1e-6))
         if not rows:
             raise BundleError(f"{path}: no rows")
         self.grid = GridTree(rows)
@@ -222,10 +222,6 @@ class ProfileKernels:
         self.outside += not inside
         return t
 
-    def decode_attention(self, n_decode: int, kv_decode: list[int]) -> None:
-        """Looked up one shape at a time (`attention`), as the grid's interpolation is."""
-        return None
-
     def skew_alpha(self, shape: AttentionShape, kv_min: int, kv_max: int) -> float:
         """The share of t(kv_max) - t(kv_mean) an uneven decode batch pays, from the bucket its shape falls in
         (the batch read as a two-point mix of its shortest and longest contexts with the same mean)."""
@@ -242,7 +238,7 @@ class ProfileKernels:
         """The bundles time each rank alone: communication is priced from the hardware's link."""
         return None
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         m = self.meta
         return {"bundle": str(self.bundle), "tp": self.tp, "gpu": m.get("gpu"), "hardware": m.get("hardware"),
                 "model": m.get("model"), "variant": m.get("variant"), "vllm_version": m.get("vllm_version"),

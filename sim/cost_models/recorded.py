@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from sim.cost_models.batch import StepBatch
-from sim.cost_models.base import CostModelDefaults, StepTiming
+from sim.cost_models.base import CostModelDefaults, CostModelInfo, StepTiming
 
 if TYPE_CHECKING:
     from traces import Trace
@@ -70,13 +70,18 @@ class RecordedCostModel(CostModelDefaults):
                                    "fitted to this trace: sim calibrate TRACE -o P.json, then --cost-model P.json)")
         return self.timings[step]
 
+    @property
+    def follows_recorded_schedule(self) -> bool:
+        return True
+
     def step_start(self, step: int) -> float | None:
         """When the engine started this step (trace seconds); None past the recorded steps."""
         return self.starts[step] if step < len(self.starts) else None
 
-    def describe(self) -> dict:
-        return {"source_trace": self.source, "num_steps": len(self.durations),
-                "median_step_time_s": self.fallback, "total_step_time_s": float(sum(self.durations))}
+    def describe(self) -> CostModelInfo:
+        return CostModelInfo(name=self.name, meta={
+            "source_trace": self.source, "num_steps": len(self.durations), "median_step_time_s": self.fallback,
+            "total_step_time_s": float(sum(self.durations))})
 
 
 def _split(duration: float, execute: float | None) -> StepTiming:

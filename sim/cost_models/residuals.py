@@ -1,31 +1,23 @@
 """How measured steps scatter around the fitted laws, kept whole and replayed by a seeded block bootstrap.
 
-On a shared machine a step is slow mostly because something else holds the CPU for a while: slow steps
-come in runs (the log-ratio's autocorrelation stays high for tens of steps), and no batch-shape term
-explains them. So no step is dropped: every step's ratio measured / law (device, host and gap together,
-so their correlation survives) is stored in step order, and a sampled replay draws contiguous blocks of
-those ratios. Blocks keep the runs of slow steps that move TTFT and TPOT tails; independent draws would
-average them away and give intervals that are far too narrow.
+On a shared machine a step is slow mostly because something else holds the CPU for a while, so slow steps
+come in runs that no batch-shape term explains. No step is dropped: every step's ratio measured / law
+(device, host and gap together, so their correlation survives) is stored in step order, and a sampled
+replay draws contiguous blocks of them; blocks keep the runs of slow steps that move TTFT and TPOT tails,
+which independent draws would average away into intervals far too narrow.
 
-A profile calibrated on several runs also knows how fast the machine ran each of them: the mean ratio of
-each run (its level) differs from run to run by more than a replay of one run averages out (two runs of
-the same workload on one machine can differ by half). So a sampled replay is one run: it
-runs at one level, and draws blocks of within-run scatter (each run's ratios divided by its own level)
-from all of them. Each calibration run is split into consecutive parts that serve as runs: the
-machine's speed drifts over minutes, and the drift within a training run is evidence of how fast
-another run will go.
-
-The level of a replay is not one of the k observed levels but a quantile of the predictive distribution
-of a new run's level given them (`predictive_level`): with k = 2-4 observations, the next run falls
-outside their range about 2/(k+1) of the time, which drawing only the observed levels would deny. Seeds
-0..N-1 take evenly spread quantiles of it. Held-out recordings of bench/fidelity.py (engine and
-vLLM-CPU) decided it: more measured values fall inside the sampled p5-p95 intervals, which are wider.
+The machine's speed also differs from run to run, by more than a replay of one run averages out. So a
+sampled replay is one run: it runs at one level (`predictive_level`, a new run's level predicted from
+the calibration runs' parts) and draws blocks of within-run scatter (each run's ratios over its own
+level) from all of them. Wider intervals drawn this way hold out better (bench/fidelity.py).
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
-from sim.cost_models.base import CostModel, CostModelDefaults, StepTiming
+from sim.cost_models.base import CostModel, CostModelDefaults, CostModelInfo, StepTiming
 from sim.cost_models.batch import StepBatch
 from sim.cost_models.intake import Intake
 from sim.cost_models.parts import PARTS
@@ -68,8 +60,8 @@ def levels_from(segments: list[int]) -> list[int]:
     """The step ranges whose mean ratios are the levels a sampled replay's level is predicted from: each
     calibration run's PSEUDO_RUNS consecutive parts (each of at least MIN_PSEUDO_RUN_STEPS; a shorter run
     whole). Parts rather than whole runs, also for several runs: the spread of two or three whole runs is
-    too uncertain to predict from (two give a Cauchy distribution, whose 95th percentile put a replay of
-    two runs at 1 and 2x speed at 44x), and the drift within each run is evidence too."""
+    too uncertain to predict from (two give a Cauchy distribution, whose tails reach absurd speeds), and
+    the drift within each run is evidence too."""
     out = []
     for n in segments:
         k = min(PSEUDO_RUNS, n // MIN_PSEUDO_RUN_STEPS)
@@ -153,10 +145,15 @@ class ResidualScaled(CostModelDefaults):
         t, m = self.base.step_time(batch, step), float(self.sampler.at(step)[0])
         return StepTiming(t.device * m, t.host * m, t.gap * m)
 
-    def describe(self) -> dict:
-        return {**self.base.describe(), "residual_seed": self.seed}
+    def describe(self) -> CostModelInfo:
+        info = self.base.describe()
+        return replace(info, name=self.name, meta={**info.meta, "residual_seed": self.seed})
 
     # The base's capabilities, but not its decode_step_times: those would be the unscaled times.
+    @property
+    def follows_recorded_schedule(self) -> bool:
+        return self.base.follows_recorded_schedule
+
     def step_start(self, step: int) -> float | None:
         return self.base.step_start(step)
 

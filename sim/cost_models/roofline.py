@@ -12,10 +12,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from sim.cost_models.base import DecodeStepTimes
+from sim.cost_models.base import CostModelInfo, DecodeStepTimes, StepTiming
 from sim.cost_models.batch import StepBatch, causal_pairs
 from sim.cost_models.hardware import CALIBRATION_ONLY, Hardware, get_hardware, hardware_names
-from sim.cost_models.kernels import AttentionShape, KernelSumCostModel, kv_blocks
+from sim.cost_models.kernels import AttentionShape, KernelSumCostModel, kv_blocks, mean_context
 from sim.cost_models.model_shape import DTYPE_BYTES, ModelShape, model_shape, rank_shape
 
 __all__ = ["DTYPE_BYTES", "ModelShape", "RooflineCostModel", "RooflineKernels", "effective_from_coefficients",
@@ -48,6 +48,9 @@ class RooflineKernels:
                            "embedding": 2 * s.hidden * b, "rotary_emb": 2 * (s.q_size + s.kv_size) * b,
                            "qk_norm": 2 * (s.q_size + s.kv_size) * b, "act_fn": 3 * s.intermediate * b}
         self._kv_bytes = 2 * s.kv_size * b  # one token's K and V in one layer
+        self._q_bytes = s.q_size * b  # one token's queries in one layer
+        self._pair_flops = 4.0 * s.num_heads * s.head_dim  # QK^T and PV of one query-key pair
+        self._attn_half, self._attn_floor = hardware.attn_half, hardware.attn_floor
 
     def _kernel(self, flops: float, nbytes: float) -> float:
         compute, memory = flops / self._flops, nbytes / self._bw
@@ -70,35 +73,25 @@ class RooflineKernels:
         return self._pointwise_kernel(sequences * self.rank.vocab * _LOGIT_BYTES * _SAMPLER_PASSES)
 
     def attention(self, shape: AttentionShape) -> float:
-        """Causal pairs of the prefill chunk plus one row per decode over its context, each pair 4 FLOPs
-        per head dimension (QK^T and PV); every attended token's K and V read once."""
-        s = self.rank
-        pairs = causal_pairs(shape.prefill_chunk, shape.kv_prefill) + shape.n_decode * shape.kv_decode
-        q = shape.prefill_chunk + shape.n_decode
+        return self.attention_at(shape.prefill_chunk, shape.kv_prefill, shape.n_decode, shape.kv_decode)
+
+    def attention_at(self, prefill_chunk: int, kv_prefill: int, n_decode: int, kv_decode: int) -> float:
+        """One attention call: causal pairs of the prefill chunk plus one row per decode over its context,
+        each pair 4 FLOPs per head dimension (QK^T and PV); every attended token's K and V read once. Plain
+        numbers, so a decode run prices its steps without a shape object per step."""
+        q = prefill_chunk + n_decode
         if not q:
             return 0.0
-        prefill_bytes = (shape.kv_prefill + shape.prefill_chunk) * self._kv_bytes + 2 * q * s.q_size * s.dtype_bytes
-        decode_bytes = shape.n_decode * shape.kv_decode * self._kv_bytes
-        if shape.prefill_chunk:
+        kv_bytes = self._kv_bytes
+        pairs = n_decode * kv_decode
+        decode_bytes: float = pairs * kv_bytes
+        if prefill_chunk:
+            pairs = causal_pairs(prefill_chunk, kv_prefill) + pairs
             decode_bytes /= self.hw.mixed_attn_eff
-        rate = self._attn_flops * q / (q + self.hw.attn_half)
-        compute, memory = 4.0 * s.num_heads * s.head_dim * pairs / rate, (prefill_bytes + decode_bytes) / self._bw
-        return self.hw.attn_floor + (compute if compute > memory else memory)
-
-    def decode_attention(self, n_decode: int, kv_decode: list[int]) -> list[float]:
-        """`attention`'s terms for decode-only shapes, in its order of operations (so equal to the bit),
-        without a shape object or a call per step."""
-        s = self.rank
-        q = n_decode
-        prefill_bytes = 2 * q * s.q_size * s.dtype_bytes
-        per_pair = 4.0 * s.num_heads * s.head_dim
-        rate = self._attn_flops * q / (q + self.hw.attn_half)
-        kv_bytes, bw, floor = self._kv_bytes, self._bw, self.hw.attn_floor
-        out = []
-        for kv in kv_decode:
-            compute, memory = per_pair * (n_decode * kv) / rate, (prefill_bytes + n_decode * kv * kv_bytes) / bw
-            out.append(floor + (compute if compute > memory else memory))
-        return out
+        nbytes = (kv_prefill + prefill_chunk) * kv_bytes + 2 * q * self._q_bytes + decode_bytes
+        rate = self._attn_flops * q / (q + self._attn_half)
+        compute, memory = self._pair_flops * pairs / rate, nbytes / self._bw
+        return self._attn_floor + (compute if compute > memory else memory)
 
     def skew_alpha(self, shape: AttentionShape, kv_min: int, kv_max: int) -> float:
         return 0.0
@@ -106,7 +99,7 @@ class RooflineKernels:
     def all_reduce_time(self, nbytes: float, tp: int) -> None:
         return None
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         hw = self.hw
         return {"hardware": hw.name, "family": hw.family, "mfu_eff": hw.mfu_eff, "bw_eff": hw.bw_eff,
                 "pointwise_eff": hw.pointwise_eff, "attn_eff": hw.attn_eff, "attn_half": hw.attn_half, "mixed_attn_eff": hw.mixed_attn_eff, "kernel_floor": hw.kernel_floor,
@@ -118,8 +111,8 @@ class RooflineCostModel(KernelSumCostModel):
 
     def __init__(self, shape: ModelShape, hardware: Hardware, source: str = "datasheet", tp: int = 1,
                  async_scheduling: bool = True, kv_cache_memory: int | None = None) -> None:
-        super().__init__("roofline", RooflineKernels(rank_shape(shape, tp), hardware), shape, hardware, tp,
-                         async_scheduling)
+        self.kernels = RooflineKernels(rank_shape(shape, tp), hardware)
+        super().__init__("roofline", self.kernels, shape, hardware, tp, async_scheduling)
         self.source = source
         self.kv_cache_memory = kv_cache_memory
 
@@ -140,7 +133,8 @@ class RooflineCostModel(KernelSumCostModel):
 
         prof = load_profile(profile)
         ident = prof.model
-        prof_dtype = ident.get("dtype") if ident.get("dtype") in DTYPE_BYTES else "bfloat16"
+        named_dtype = ident.get("dtype")
+        prof_dtype = named_dtype if isinstance(named_dtype, str) and named_dtype in DTYPE_BYTES else "bfloat16"
         if not ident.get("hf_config"):
             raise ValueError(f"{profile}: model.hf_config: missing, so effective FLOP/s cannot be derived")
         measured = effective_from_coefficients(prof.coefficients, model_shape(ident["hf_config"], prof_dtype))
@@ -163,12 +157,27 @@ class RooflineCostModel(KernelSumCostModel):
         return cls(shape, hw, f"calibration profile {profile}", tp=tp, async_scheduling=False,
                    kv_cache_memory=kv_memory)
 
+    def step_time(self, batch: StepBatch, step: int) -> StepTiming:
+        """A decode-only step is priced by `decode_step_times` (one step of a run); any other by the kernel sum."""
+        n = batch.num_decode_seqs
+        if n and not batch.num_prefill_seqs and batch.num_decode_tokens == n:
+            one = self.decode_step_times(n, batch.context_tokens, 1)
+            return StepTiming(one.device[0], one.host)
+        return super().step_time(batch, step)
+
     def decode_step_times(self, num_seqs: int, context_tokens: int, count: int) -> DecodeStepTimes:
-        """`step_time` of `count` consecutive decode-only steps, the first reading `context_tokens` of
-        context and each next one `num_seqs` more: a decode run (sim.core.decode_runs) times its steps in one
-        call. The roofline has no skew, so the context's sum is all it needs."""
-        host = 0.0 if self.async_scheduling else self.host_time(StepBatch(0, num_seqs, 0, num_seqs))
-        return DecodeStepTimes(self.decode_device_times(num_seqs, context_tokens, count), host)
+        """The price of every decode-only step: `count` consecutive ones (a decode run, sim.core.decode_runs,
+        or one for `step_time`), the first reading `context_tokens` of context and each next one `num_seqs`
+        more. The kernel sum's terms for such a batch: the fixed kernels at `num_seqs` tokens, looked up
+        once, and attention at the mean context (the roofline has no skew, so the sum is all it needs)."""
+        n, layers, attention = num_seqs, self.shape.num_layers, self.kernels.attention_at
+        fixed, inside = self._fixed(n, n)
+        device = [fixed + layers * attention(0, 0, n, mean_context(c, n))
+                  for c in range(context_tokens, context_tokens + n * count, n)]
+        self.num_steps += count
+        if not inside:
+            self.steps_outside += count
+        return DecodeStepTimes(device, 0.0 if self.async_scheduling else self.host_time(n))
 
     def num_gpu_blocks(self, block_size: int, gpu_memory_utilization: float = 0.9,
                        max_num_batched_tokens: int = 8192, kv_cache_memory: int | None = None) -> int:
@@ -179,9 +188,11 @@ class RooflineCostModel(KernelSumCostModel):
         return kv_blocks(self.rank, self.hardware, block_size, gpu_memory_utilization, max_num_batched_tokens,
                          kv_cache_memory)
 
-    def describe(self) -> dict:
-        return {**super().describe(), "source": self.source, "effective_flops": self.hardware.effective_flops,
-                "effective_bandwidth": self.hardware.effective_bandwidth, "kv_cache_memory": self.kv_cache_memory}
+    def describe(self) -> CostModelInfo:
+        info = super().describe()
+        return replace(info, meta={**info.meta, "source": self.source, "effective_flops": self.hardware.effective_flops,
+                                   "effective_bandwidth": self.hardware.effective_bandwidth,
+                                   "kv_cache_memory": self.kv_cache_memory})
 
 
 def effective_from_coefficients(coef: dict[str, float], shape: ModelShape) -> dict[str, Any]:
@@ -194,7 +205,7 @@ def effective_from_coefficients(coef: dict[str, float], shape: ModelShape) -> di
     weights = shape.weight_read_bytes(1)
     bandwidth = {"c_ctx": shape.kv_bytes_per_token / coef["c_ctx"] if coef["c_ctx"] > 0 else 0.0,
                  "c0": weights / coef["c0"] if coef["c0"] > 0 else 0.0}
-    flops_from, bw_from = max(flops, key=flops.get), max(bandwidth, key=bandwidth.get)
+    flops_from, bw_from = max(flops, key=flops.__getitem__), max(bandwidth, key=bandwidth.__getitem__)
     if not flops[flops_from]:
         raise ValueError("the fit has no per-token cost (c_p = c_d = 0): effective FLOP/s cannot be derived")
     if not bandwidth[bw_from]:

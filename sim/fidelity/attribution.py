@@ -1,8 +1,8 @@
 """Where a replay's latency error comes from: `sim compare`'s breakdown of each metric's difference.
 
-Trace A (the engine) is re-timed three times on its own decisions, swapping in B's times one part at a
-time on the steps where both made identical decisions (each step of A paired with the step of B that
-made them, once the traces are aligned: a step one trace lacks does not unpair every later one):
+Trace A (the engine) is re-timed on its own decisions, swapping in B's times one part at a time on the
+steps where both made identical decisions (each step of A paired with the step of B that made them, once
+the traces are aligned: a step one trace lacks does not unpair every later one):
 
     M0: A's decisions, A's own step parts    (A as the re-timing sees it)
     M1: ... with B's model time (execute) on identical steps
@@ -10,12 +10,7 @@ made them, once the traces are aligned: a step one trace lacks does not unpair e
     MB: trace B itself
 
 so that  MB - M0 = (M1 - M0) step-time error + (M2 - M1) host/gap error + (MB - M2) decision divergence,
-exactly. The last term is what a different sequence of decisions (other batches, other admission
-order) did, including any error of B's times on the steps that are not identical.
-
-M2 stands for "A's decisions on B's times". When every step made the same decisions, that run is B
-itself, so the decision term is zero by definition, and what M2 misses of B (arrivals carried onto the
-re-timed clock, `warp`, are not where B had them) is the re-timing's own error: it joins M0 - MA there.
+exactly: the last term is what other batches or another admission order did (see `attribute`).
 """
 from __future__ import annotations
 
@@ -122,7 +117,11 @@ def attribute(a: Trace, b: Trace, pairs: np.ndarray, pairing: str = "aligned") -
     """The breakdown of B - A per metric (seconds, or tok/s for throughput); `pairs[i]` is the step of B
     that made the same decisions as step i of A, or -1 (traces.diff.aligned_pairs). On the unpaired steps
     B's times are the ones its calibrated cost model predicts for A's batches (when B's meta has one),
-    else A's own. `pairing` says how the pairs were found ("aligned" or "by index"), for the report."""
+    else A's own. `pairing` says how the pairs were found ("aligned" or "by index"), for the report.
+
+    M2 stands for "A's decisions on B's times". When every step made the same decisions, that run is B
+    itself, so the decision term is zero by definition, and what M2 misses of B (arrivals carried onto
+    the re-timed clock, `warp`, are not where B had them) is the re-timing's own error: it joins M0 - MA."""
     pa, pb = step_parts(a.steps), step_parts(b.steps)
     n, nb = len(pa["start"]), len(pb["start"])
     assert len(pairs) == n, (len(pairs), n)

@@ -22,7 +22,8 @@ from sim.report.summary import metric_label
 from sim.fidelity.speed_shift import same_shape_speed
 from traces.describe import config_differences
 from traces.diff import aligned_pairs, explain_step, index_pairs, matching_steps
-from traces.summary import LATENCIES, summarize
+from traces.metrics import LATENCIES
+from traces.summary import summarize
 
 if TYPE_CHECKING:
     from traces import Trace
@@ -31,7 +32,7 @@ METRICS = tuple(f"{m}_{s}_s" for m in LATENCIES for s in ("mean", "p50", "p90", 
     "output_throughput_tok_s", "request_throughput_req_s", "duration_s")
 
 
-def _rel(a: float, b: float) -> float | None:
+def _rel(a: float | None, b: float | None) -> float | None:
     if a is None or b is None or a != a or b != b or a == 0:
         return None
     return (b - a) / abs(a)
@@ -107,9 +108,8 @@ def interval_coverage(a: Trace, b: Trace) -> dict[str, Any] | None:
     metrics = {}
     for name, r in prediction["metrics"].items():
         value, lo, hi = _clean(measured.get(name)), r.get("p5"), r.get("p95")
-        scored = None not in (value, lo, hi)
-        metrics[name] = {"a": value, "p5": lo, "p50": r.get("p50"), "p95": hi,
-                         "inside": bool(lo <= value <= hi) if scored else None}
+        inside = bool(lo <= value <= hi) if None not in (value, lo, hi) else None
+        metrics[name] = {"a": value, "p5": lo, "p50": r.get("p50"), "p95": hi, "inside": inside}
     scored = [m["inside"] for m in metrics.values() if m["inside"] is not None]
     return {"num_samples": prediction.get("num_samples"), "interval": prediction.get("interval", "p5-p95"),
             "metrics": metrics, "inside": sum(scored), "scored": len(scored)}

@@ -10,7 +10,7 @@ import numpy as np
 
 from sim.report.summary import inter_token_latencies
 from traces.outputs import save_png
-from traces.summary import request_latencies
+from traces.metrics import request_latencies
 
 if TYPE_CHECKING:
     from traces import Trace

@@ -12,9 +12,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sim.fidelity.run_files import (MAX_META_BYTES, WORKLOAD_FORMAT, ImportedRun, RunRequest, json_file,
-                                    read_bench_result, read_llmservingsim_run)
-from sim.flags import OneLineParser
 from traces.outputs import Output, check_outputs
 from traces.trace_dir import check_trace_output
 from workloads.errors import WorkloadError
@@ -23,6 +20,7 @@ from workloads.importers import read_trace
 if TYPE_CHECKING:
     import argparse
 
+    from sim.fidelity.run_files import ImportedRun, RunRequest
     from workloads.importers import TraceRow
 
 WRITE_BATCH = 512  # request rows per record batch: a batch of prompts stays a few MB
@@ -31,6 +29,8 @@ WRITE_BATCH = 512  # request rows per record batch: a batch of prompts stays a f
 def _by_row(run: ImportedRun) -> Iterator[tuple[TraceRow, list[RunRequest]]]:
     """(workload TraceRow, the requests it served) in workload order: one pass over the workload, each
     prompt held only while its requests are written."""
+    from sim.fidelity.run_files import WORKLOAD_FORMAT
+
     by_line: dict[int, list[RunRequest]] = {}
     for r in run.requests:
         by_line.setdefault(r.line, []).append(r)
@@ -80,6 +80,7 @@ def _trace_rows(run: ImportedRun) -> Iterator[dict[str, Any]]:
 def write_trace(run: ImportedRun, out: Path, overwrite: bool = False) -> int:
     """The requests table through traces' own writer (no steps, decisions or block events: a measured
     run has none), replacing a trace in `out` only with `overwrite`; returns the number of requests written."""
+    from sim.fidelity.run_files import WORKLOAD_FORMAT
     from traces.writer import TraceWriter
 
     meta = {**run.meta, "workload": {"name": run.workload.stem, "arrival": {"process": "trace",
@@ -101,10 +102,8 @@ def write_trace(run: ImportedRun, out: Path, overwrite: bool = False) -> int:
     return n
 
 
-def _parser() -> OneLineParser:
-    p = OneLineParser(prog="sim import-run", description="Bring a measured vLLM run in as a trace directory: an "
-                      "LLMServingSim run bundle (RUN_DIR with vllm/meta.json and vllm/requests.jsonl) or a "
-                      "`vllm bench serve --save-result --save-detailed` JSON file.")
+def import_run_arguments(p: argparse.ArgumentParser) -> None:
+    """`sim import-run`'s flags, on its subparser of `sim`."""
     p.add_argument("run", metavar="RUN_DIR|RESULT.json")
     p.add_argument("--workload", default=None, metavar="FILE.jsonl",
                    help="the workload the run served (llmservingsim JSONL: arrival_time_ns, input_tok_ids, "
@@ -114,10 +113,12 @@ def _parser() -> OneLineParser:
     p.add_argument("--model-config", default=None, metavar="CONFIG.json",
                    help="the model's Hugging Face config.json: kept as config.model.hf_config (and its "
                         "max_position_embeddings as max_model_len when the run left it unset)")
-    return p
 
 
 def import_run(args: argparse.Namespace) -> int:
+    """`sim import-run ...`; bad input raises, for `sim`'s one error path (one line, exit status 2)."""
+    from sim.fidelity.run_files import MAX_META_BYTES, json_file, read_bench_result, read_llmservingsim_run
+
     out, src = Path(args.output), Path(args.run)
     check_trace_output(out, args.overwrite, [src, args.workload, args.model_config], flag="-o")
     hf_config = None
@@ -143,12 +144,3 @@ def import_run(args: argparse.Namespace) -> int:
     if entry["unknown"]:
         print(f"not recorded: {', '.join(sorted(entry['unknown']))} (meta.json import.unknown says why)")
     return 0
-
-
-def main_import_run(argv: list[str]) -> int:
-    """`sim import-run ...`; bad input raises, for `sim.cli`'s one error path (one line, exit status 2)."""
-    try:
-        args = _parser().parse_args(argv)
-    except SystemExit as e:
-        return int(e.code or 0)
-    return import_run(args)

@@ -42,7 +42,7 @@ class RunRequest:
     num_prompt_tokens: int
     num_output_tokens: int
     max_tokens: int
-    arrival: float | None
+    arrival: float
     first_scheduled: float | None
     first_token: float | None
     finish: float | None
@@ -59,7 +59,7 @@ class ImportedRun:
 
     requests: list[RunRequest]
     meta: dict[str, Any]
-    workload: Path | None
+    workload: Path
     arrivals_from_workload: bool = False
     max_tokens_from_workload: bool = False  # a client's result holds what came back, not what it asked for
 
@@ -231,12 +231,14 @@ def read_llmservingsim_run(run_dir: Path, workload: str | None = None,
 def _device(run_dir: Path) -> dict[str, Any]:
     """The GPU named by the bundle's LLMServingSim cluster file (`config.json`), when it has one."""
     path = run_dir / "config.json"
+    unknown: dict[str, Any] = {"type": None, "name": None}
+    if not path.is_file():
+        return unknown
     try:
-        cluster = json.loads(_read_bytes(path, MAX_META_BYTES, "cluster description")) if path.is_file() else None
-        instance = cluster["nodes"][0]["instances"][0]
+        instance = json.loads(_read_bytes(path, MAX_META_BYTES, "cluster description"))["nodes"][0]["instances"][0]
         return {"type": "cuda", "name": str(instance["hardware"]), "count": int(instance.get("num_npus") or 1)}
     except (WorkloadError, ValueError, KeyError, IndexError, TypeError):
-        return {"type": None, "name": None}
+        return unknown
 
 
 def read_bench_result(path: Path, workload: str | None) -> ImportedRun:

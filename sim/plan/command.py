@@ -1,7 +1,8 @@
 """`sim plan`: capacity planning. Expands the sweep into configurations, has each one's max rate within
 the SLOs searched (sim.plan.search) on local processes or Ray (sim.plan.sweep), sparing the simulations
-proven to run as one already done (sim.plan.reuse), prints them ranked with a
-recommendation (sim.plan.table); `--plots` draws the curves the search saw and the Pareto front (sim.plan.plots).
+proven to run as one already done (sim.plan.reuse), prints them ranked with a recommendation
+(sim.plan.table); `--plots` draws the curves the search saw and the Pareto front (sim.plan.plots).
+Those load when the plan runs, not when `sim` builds its parser.
 """
 from __future__ import annotations
 
@@ -10,25 +11,19 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
-from sim.flags import OneLineParser, add_engine_flags, config_error, sim_flags
+from sim.cost_models import DEFAULT_HARDWARE, DEFAULT_MODEL
 from sim.cost_models.hardware import HARDWARE
-from sim.plan.config import DEFAULT_HARDWARE, DEFAULT_MODEL, DEFAULT_ROUTER, PlanConfig
-from sim.plan.search import (ConfigResult, PlanSpec, base_rate, base_requests, evaluate_config, offered, request_lifetime,
-                             run_at_rate, search_max_rate, slo_check, window_at)
+from sim.flags import add_engine_flags, config_error, sim_flags
+from sim.plan.config import DEFAULT_ROUTER, PlanConfig
 from sim.plan.window import DEFAULT_WINDOW
-from sim.plan.table import format_table, rank, recommend
-from traces.metrics import parse_slo
+from workloads.flags import add_workload_flags, workload_options
 
 if TYPE_CHECKING:
     import argparse
 
-__all__ = ["ConfigResult", "PlanConfig", "PlanSpec", "base_rate", "base_requests", "evaluate_config", "format_table", "main_plan", "offered", "rank",
-           "recommend", "run_at_rate", "search_max_rate", "slo_check"]
 
-
-def _parser() -> OneLineParser:
-    p = OneLineParser(prog="sim plan", description="Capacity planning: max request rate within SLOs per configuration, "
-                "ranked by cost per million output tokens.")
+def plan_arguments(p: argparse.ArgumentParser) -> None:
+    """`sim plan`'s flags, on its subparser of `sim`."""
     p.add_argument("workload", metavar="FILE.yaml")
     p.add_argument("--slo", required=True, help="e.g. ttft_p99=2s,tpot_p99=80ms")
     p.add_argument("--sweep", default=None, help="e.g. replicas=1..8,max_num_seqs=64,128,256,router=round_robin")
@@ -39,14 +34,12 @@ def _parser() -> OneLineParser:
     p.add_argument("--replicas", type=int, default=1, help="replicas when not swept")
     p.add_argument("--price", default=None, help="dollars per GPU-hour, e.g. h200=3.5/h,h100=2.5/h")
     p.add_argument("--rate-tol", type=float, default=0.05, help="relative tolerance of the max-rate search")
-    p.add_argument("--max-requests", type=int, default=None, help="the workload's first N requests")
-    p.add_argument("--length-scale", type=float, default=None, help="multiply prompt and output lengths")
+    add_workload_flags(p, "sim plan")
     p.add_argument("--min-served-ratio", type=float, default=0.95, help="served / offered rate a rate must reach "
                    "over the measurement window (the deployment keeps up: its queue stops growing)")
     p.add_argument("--window", type=int, default=DEFAULT_WINDOW, metavar="N",
                    help="requests measured per rate at least; the window, the warm-up before it and the tail after "
                    "it each also last two request lifetimes at full load (the workload is looped to fill them)")
-    p.add_argument("--vocab-size", type=int, default=32000)
     p.add_argument("--jobs", type=int, default=None, help="local worker processes (default: all cores)")
     p.add_argument("--ray", default=None, metavar="ADDRESS", help="run on a Ray cluster ('auto': a local one)")
     p.add_argument("--results", default=None, metavar="FILE", help="JSON lines of finished configurations; resumes")
@@ -62,7 +55,6 @@ def _parser() -> OneLineParser:
     p.add_argument("--json", action="store_true", help="print the ranked rows as JSON")
     p.add_argument("--no-progress", action="store_true")
     add_engine_flags(p, "plan")
-    return p
 
 
 def _configs(args: argparse.Namespace) -> tuple[list[PlanConfig], list[str]]:
@@ -99,16 +91,34 @@ def check_plan_outputs(args: argparse.Namespace, configs: list[PlanConfig]) -> N
 
 
 def plan(args: argparse.Namespace) -> int:
+    """`sim plan ...`; bad input raises, for `sim`'s one error path (one line, exit status 2). A Ctrl-C
+    ends it saying where the finished configurations are."""
+    if not os.path.isfile(args.workload):
+        raise ValueError(f"{args.workload}: no such workload file")
+    try:
+        return _plan(args)
+    except KeyboardInterrupt:
+        print("sim plan: interrupted; finished configurations are in --results (rerun to resume)"
+              if args.results else "sim plan: interrupted", file=sys.stderr)
+        return 130
+
+
+def _plan(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from sim.plan.reuse import run_plan
     from sim.plan.results import input_digests
+    from sim.plan.search import (ConfigResult, PlanSpec, base_rate, base_requests, request_lifetime, run_at_rate,
+                                 window_at)
     from sim.plan.sweep import MAX_JOBS, append_result, load_results, parse_price, validate_config
+    from sim.plan.table import format_table, rank, recommend
+    from traces.metrics import parse_slo
 
     slos = parse_slo(args.slo)
     if not 0 < args.rate_tol < 1:
         raise ValueError(f"--rate-tol: must be in (0, 1), got {args.rate_tol}")
-    for flag, value in (("--max-requests", args.max_requests), ("--jobs", args.jobs), ("--replicas", args.replicas)):
+    workload = workload_options(args, "sim plan")
+    for flag, value in (("--jobs", args.jobs), ("--replicas", args.replicas)):
         if value is not None and value < 1:
             raise ValueError(f"{flag}: must be >= 1, got {value}")
     if args.jobs is not None and args.jobs > MAX_JOBS:
@@ -117,8 +127,6 @@ def plan(args: argparse.Namespace) -> int:
         raise ValueError(f"--window: must be in [10, 1000000] requests, got {args.window}")
     if not 0 <= args.min_served_ratio <= 1:
         raise ValueError(f"--min-served-ratio: must be in [0, 1], got {args.min_served_ratio}")
-    if args.length_scale is not None and not args.length_scale > 0:
-        raise ValueError(f"--length-scale: must be > 0, got {args.length_scale}")
     if args.samples < 0 or (args.samples and not args.residuals):
         raise ValueError("--samples: needs N >= 1 and --residuals PROFILE.json (the measured scatter to draw from)")
     if args.residuals:
@@ -138,7 +146,8 @@ def plan(args: argparse.Namespace) -> int:
         raise ValueError(f"--price {unpriced[0]}: not among the hardware planned ({', '.join(sorted(swept_hardware))})")
     check_plan_outputs(args, configs)
     spec = PlanSpec(workload=os.path.abspath(args.workload), slo=args.slo, rate_tol=args.rate_tol,
-                    max_requests=args.max_requests, length_scale=args.length_scale, vocab_size=args.vocab_size,
+                    max_requests=workload.max_requests, length_scale=workload.length_scale,
+                    vocab_size=workload.vocab_size,
                     seed=args.seed or 0, min_served_ratio=args.min_served_ratio, window=args.window,
                     samples=args.samples,
                     residual_profile=os.path.abspath(args.residuals) if args.residuals else None)
@@ -200,20 +209,3 @@ def plan(args: argparse.Namespace) -> int:
             print(f"trace of #1 at {rows[0].max_rate:.3f} req/s: {args.trace}")
             print(replica_summary(table).to_string(index=False))
     return 0
-
-
-def main_plan(argv: list[str]) -> int:
-    """`sim plan ...`; bad input raises, for `sim.cli`'s one error path (one line, exit status 2)."""
-    parser = _parser()
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as e:
-        return int(e.code or 0)
-    if not os.path.isfile(args.workload):
-        raise ValueError(f"{args.workload}: no such workload file")
-    try:
-        return plan(args)
-    except KeyboardInterrupt:
-        print("sim plan: interrupted; finished configurations are in --results (rerun to resume)"
-              if args.results else "sim plan: interrupted", file=sys.stderr)
-        return 130

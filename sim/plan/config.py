@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from engine.core.config import CacheConfig, SchedulerConfig
+from sim.cost_models import DEFAULT_HARDWARE, DEFAULT_MODEL
 from sim.flags import sim_flags
 
-DEFAULT_MODEL = "llama-3.1-8b"
-DEFAULT_HARDWARE = "h100"
 DEFAULT_ROUTER = "least_outstanding"
 DEFAULT_MAX_MODEL_LEN = 32768
 _DEFAULT_BLOCK_SIZE = CacheConfig().block_size
@@ -71,7 +71,11 @@ class PlanConfig:
     @property
     def key(self) -> str:
         """What a results file keys this configuration by."""
-        return json.dumps(self.to_dict(), sort_keys=True)
+        return self.key_without(())
+
+    def key_without(self, fields: Iterable[str]) -> str:
+        """`key` with `fields` unset: what configurations differing in those alone share."""
+        return json.dumps({**self.to_dict(), **dict.fromkeys(fields)}, sort_keys=True)
 
     def label(self, swept: list[str]) -> str:
         return " ".join(f"{k}={getattr(self, k)}" for k in swept) or "default"
@@ -84,3 +88,5 @@ def field_type(name: str) -> type:
 
 
 SWEEP_KEYS = tuple(f.name for f in dataclasses.fields(PlanConfig))
+
+

@@ -22,8 +22,9 @@ MAX_CURVES = 20
 # A percentile that falls among unfinished requests is null (sim.plan.search.slo_check), or huge in an older
 # results file; nothing that finished is this late.
 UNFINISHED_S = 1e9
-FAILED_MARK = dict(marker="x", ls="none", ms=6, mew=1.5, clip_on=False)
-FRONT_MARK = dict(marker="o", mfc="none", ms=8)  # a front of one point is still seen
+# Line styles, as matplotlib keyword arguments.
+FAILED_MARK: dict[str, Any] = dict(marker="x", ls="none", ms=6, mew=1.5, clip_on=False)
+FRONT_MARK: dict[str, Any] = dict(marker="o", mfc="none", ms=8)  # a front of one point is still seen
 FAILED_ROW = 0.04  # axes fraction between configurations' rows of failed rates
 
 
@@ -159,25 +160,24 @@ def cost_figure(rows: list[PlanRow], swept: list[str], title: str) -> Figure | N
     at or above each rate; None without prices (nothing to draw)."""
     import matplotlib.pyplot as plt
 
-    priced = [r for r in rows if r.usd_per_m_output_tokens is not None and r.max_rate > 0]
+    priced = [(r, r.usd_per_m_output_tokens) for r in rows if r.usd_per_m_output_tokens is not None and r.max_rate > 0]
     if not priced:
         return None
     fig, ax = plt.subplots(figsize=(8.5, 4.5), layout="constrained")
-    ax.scatter([r.max_rate for r in priced], [r.usd_per_m_output_tokens for r in priced], s=12,
-               label="configuration")
-    frontier, best = [], float("inf")
-    for r in sorted(priced, key=lambda r: (-r.max_rate, r.usd_per_m_output_tokens)):
-        if r.usd_per_m_output_tokens < best:
-            best = r.usd_per_m_output_tokens
-            frontier.append(r)
+    ax.scatter([r.max_rate for r, _ in priced], [usd for _, usd in priced], s=12, label="configuration")
+    frontier: list[tuple[PlanRow, float]] = []
+    best = float("inf")
+    for r, usd in sorted(priced, key=lambda p: (-p[0].max_rate, p[1])):
+        if usd < best:
+            best = usd
+            frontier.append((r, usd))
     frontier.reverse()
-    ax.plot([r.max_rate for r in frontier], [r.usd_per_m_output_tokens for r in frontier], "r-",
+    ax.plot([r.max_rate for r, _ in frontier], [usd for _, usd in frontier], "r-",
             drawstyle="steps-pre", label="frontier: cheapest at\nor above this rate", **FRONT_MARK)
     ax.margins(0.1)
     # From zero: a cost a fraction of a percent higher should look it.
-    ax.set_ylim(0, max(r.usd_per_m_output_tokens for r in priced) * 1.15)
-    _label_points(ax, [(r.max_rate, r.usd_per_m_output_tokens) for r in frontier],
-                  [r.config.label(swept) for r in frontier])
+    ax.set_ylim(0, max(usd for _, usd in priced) * 1.15)
+    _label_points(ax, [(r.max_rate, usd) for r, usd in frontier], [r.config.label(swept) for r, _ in frontier])
     ax.set_title(f"cost frontier\n{fitted(title, fig)}", fontsize=9)
     ax.set(xlabel="max rate within SLOs (req/s)", ylabel="$ per million output tokens")
     ax.grid(alpha=0.3)
@@ -214,18 +214,18 @@ def pareto_figure(rows: list[PlanRow], swept: list[str], title: str) -> Figure |
     met the SLOs."""
     import matplotlib.pyplot as plt
 
-    usable = [r for r in rows if r.user_tok_s and r.max_rate > 0]
+    usable = [(r, r.user_tok_s) for r in rows if r.user_tok_s and r.max_rate > 0]
     if not usable:
         return None
-    pts = [(r.user_tok_s, r.output_tok_s_per_replica) for r in usable]
+    pts = [(user, r.output_tok_s_per_replica) for r, user in usable]
     fig, ax = plt.subplots(figsize=(9, 5), layout="constrained")
-    ax.scatter(*zip(*pts), s=14, label="configuration at its max rate")
+    ax.scatter([x for x, _ in pts], [y for _, y in pts], s=14, label="configuration at its max rate")
     front = pareto_front(pts)
     ax.plot([pts[i][0] for i in front], [pts[i][1] for i in front], "r-", drawstyle="steps-pre",
             label="Pareto front: most throughput\nat or above this tokens/s per user", **FRONT_MARK)
     ax.margins(0.12)
     ax.set_ylim(0, max(y for _, y in pts) * 1.15)
-    _label_points(ax, [pts[i] for i in front], [usable[i].config.label(swept) for i in front])
+    _label_points(ax, [pts[i] for i in front], [usable[i][0].config.label(swept) for i in front])
     ax.set_title(f"throughput vs interactivity at each max rate\n{fitted(title, fig)}", fontsize=9)
     ax.set(xlabel="tokens/s per user (1 / median TPOT)", ylabel="output tokens/s per replica")
     ax.grid(alpha=0.3)

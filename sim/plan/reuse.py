@@ -1,22 +1,17 @@
 """Configurations whose simulations cannot differ from one already run are not run again.
 
-A sweep over `max_num_seqs` and `block_size` often has configurations that decide every step alike: the
-running requests never reach the smaller cap, and the pool never runs short at either block size. Each
+A sweep over `max_num_seqs` and `block_size` often has configurations that decide every step alike. Each
 run measures how near it came to those limits (sim.core.headroom); a configuration of the same family
-(equal in every other field) is then proven to make, at every rate the search tries, exactly the runs
-of one already evaluated, so its search takes the same path and its result is that one's:
+(equal in every other field) then makes, at every rate the search tries, exactly the runs of one already
+evaluated, so its result is that one's, when (`Proofs.same_run`):
 
-- caps: equal, or the running requests never reached the smaller one (the scheduler reads the cap only
-  as `len(running) < max_num_seqs` when it admits);
-- block sizes: equal, or at both sizes the pool is never short and gives no prefix hit: no run preempted,
-  the running requests grown to their token limits (and the watermark) fit in either pool at every step,
-  no two prompts share a first block at the smaller size (a prefix hit needs one; with no preemption a
-  request never meets its own blocks again), and both pools refuse the same requests outright.
+- caps: equal, or the running requests never reached the smaller one (admission reads the cap only as
+  `len(running) < max_num_seqs`);
+- block sizes: equal, or at both sizes the pool is never short and gives no prefix hit: no preemption,
+  the running requests at their token limits fit either pool, no two prompts share a first block at the
+  smaller size, and both pools refuse the same requests; routers that read the blocks void this.
 
-Routers that read the replicas' blocks (least KV usage, prefix affinity) void the block-size proof when
-there are several replicas. The roofline model times a step by its batch, whatever the block size or
-cap. Families are evaluated
-in rounds, at most one configuration of a family per round, so the sweep stays parallel across families.
+Families are evaluated in rounds, one configuration of a family a round, so the sweep stays parallel.
 """
 from __future__ import annotations
 
@@ -39,7 +34,7 @@ FAMILY_AXES = ("max_num_seqs", "block_size")
 
 def family(config: PlanConfig) -> str:
     """Configurations of one family differ only in FAMILY_AXES."""
-    return dataclasses.replace(config, **{axis: None for axis in FAMILY_AXES}).key
+    return config.key_without(FAMILY_AXES)
 
 
 Proven = dict[float, tuple[dict[str, Any], HeadroomReport]]
@@ -116,7 +111,10 @@ class Proofs:
                 if p["rate"] in result.headroom_at and self.same_run(ran, result.headroom_at[p["rate"]], other)}
 
     def same_run(self, ran: PlanConfig, room: HeadroomReport, other: PlanConfig) -> bool:
-        """Whether `other` (of `ran`'s family) runs exactly as a run of `ran` that came `room` near its limits."""
+        """Whether `other` (of `ran`'s family) runs exactly as a run of `ran` that came `room` near its limits.
+        The roofline times a step by its batch alone, whatever the cap or block size; a prefix hit needs two
+        prompts sharing a first block (without preemption a request never meets its own blocks again); a
+        router that reads the replicas' blocks may route differently at another block size."""
         a, b = self.limits(ran), self.limits(other)
         if a.max_num_seqs != b.max_num_seqs and room.peak_running >= min(a.max_num_seqs, b.max_num_seqs):
             return False

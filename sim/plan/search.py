@@ -105,7 +105,7 @@ def request_lifetime(spec: PlanSpec, configs: Iterable[PlanConfig]) -> float:
     slowest configuration with every seat taken: what the measurement window must outlast."""
     reqs = base_requests(spec.workload, spec.max_requests, spec.length_scale, spec.vocab_size, 0)  # lengths only
     out = float(np.mean([r.max_tokens or 1 for r in reqs]))
-    context = int(np.mean([r.num_prompt_tokens for r in reqs]) + out / 2)
+    context = int(np.mean([r.num_prompt_tokens or 0 for r in reqs]) + out / 2)
     longest = 0.0
     for config in configs:
         try:
@@ -139,28 +139,34 @@ def search_max_rate(meets: Callable[[float], bool], start: float, tol: float,
     rate * (1 + tol) has been tried and failed. Returns (rate, capped); rate 0 when even
     start / 2**max_doublings fails, capped when start * 2**max_doublings still meets."""
     if meets(start):
-        lo, hi = start, None
+        lo, above = start, None
         for _ in range(max_doublings):
             if not meets(lo * 2):
-                hi = lo * 2
+                above = lo * 2
                 break
             lo *= 2
-        if hi is None:
+        if above is None:
             return lo, True
-    else:
-        hi, lo = start, None
-        for _ in range(max_doublings):
-            if meets(hi / 2):
-                lo = hi / 2
-                break
-            hi /= 2
-        if lo is None:
-            return 0.0, False
+        return _bisect(meets, lo, above, tol), False
+    hi, below = start, None
+    for _ in range(max_doublings):
+        if meets(hi / 2):
+            below = hi / 2
+            break
+        hi /= 2
+    if below is None:
+        return 0.0, False
+    return _bisect(meets, below, hi, tol), False
+
+
+def _bisect(meets: Callable[[float], bool], lo: float, hi: float, tol: float) -> float:
+    """The highest rate that `meets` between `lo` (meets) and `hi` (does not), once lo * (1 + tol) has
+    been tried and failed, bisecting geometrically."""
     while True:
         step = lo * (1 + tol)
         if hi <= step:
             if hi == step or not meets(step):
-                return lo, False
+                return lo
             lo = step
             continue
         mid = math.sqrt(lo * hi)
@@ -180,7 +186,7 @@ def build_cluster_parts(config: PlanConfig) -> tuple[SchedulerConfig, CacheConfi
     sched = config.scheduler_config()
     cache = config.cache_config(num_gpu_blocks=2)
     if config.num_gpu_blocks is None:
-        blocks = cost.num_gpu_blocks(cache.block_size, cache.gpu_memory_utilization, sched.max_num_batched_tokens)
+        blocks = cost.num_gpu_blocks(cache.block_size, cache.gpu_memory_utilization, sched.token_budget)
         cache = config.cache_config(num_gpu_blocks=blocks)
     return sched, cache, cost
 
@@ -204,7 +210,7 @@ def residual_table(profile: str) -> ResidualTable:
 
 def run_at_rate(spec: PlanSpec, config: PlanConfig, rate: float, trace_dir: str | None = None,
                 watch: MissWatch | None = None, residual_seed: int | None = None,
-                overwrite: bool = False, headroom: HeadroomReport | None = None) -> pd.DataFrame | None:
+                overwrite: bool = False, headroom: HeadroomReport | None = None) -> pd.DataFrame:
     """The cluster's requests table with the workload's arrivals scaled to `rate` requests/s (`watch` may
     stop the run early, see `Cluster.run`); with `residual_seed`, step times carry one seeded draw of the
     profile's measured scatter. `headroom` takes in how near the run came to its limits, at its
@@ -234,8 +240,9 @@ def run_at_rate(spec: PlanSpec, config: PlanConfig, rate: float, trace_dir: str 
             result = cluster.run(stream, watch)
         finally:
             cluster.release()
-    if headroom is not None:
+    if headroom is not None and result.headroom is not None:
         headroom.merge(result.headroom)
+    assert result.requests is not None  # the cluster keeps its requests unless told not to
     return result.requests
 
 

@@ -105,7 +105,11 @@ def expand_configs(sweep: dict[str, list[SweepValue]], base: PlanConfig) -> list
     if count > MAX_CONFIGS:
         sizes = " x ".join(f"{len(sweep[k])} {k}" for k in keys if len(sweep[k]) > 1)
         raise ValueError(f"--sweep: {sizes} = {count:,} configurations; a sweep runs at most {MAX_CONFIGS:,}")
-    return [dataclasses.replace(base, **dict(zip(keys, combo))) for combo in itertools.product(*(sweep[k] for k in keys))]
+    configs = []
+    for combo in itertools.product(*(sweep[k] for k in keys)):
+        values: dict[str, Any] = dict(zip(keys, combo))  # each of its field's type: parse_sweep read it so
+        configs.append(dataclasses.replace(base, **values))
+    return configs
 
 
 def validate_config(config: PlanConfig) -> None:
@@ -183,7 +187,8 @@ class Workers(Protocol):
     """Where configurations are evaluated, one task each: `submit` hands one over, `next_done` waits for
     any one to finish (in completion order); `pending` counts those submitted and not yet handed back."""
 
-    pending: int
+    @property
+    def pending(self) -> int: ...
 
     def submit(self, fn: Task, spec: PlanSpec, config: PlanConfig) -> None: ...
 

@@ -82,10 +82,10 @@ def offered_requests(base: tuple[SimRequest, ...], window: Window, vocab_size: i
 def _looped(base: tuple[SimRequest, ...], window: Window, vocab_size: int) -> tuple[SimRequest, ...]:
     span = base[-1].arrival - base[0].arrival
     period = span * len(base) / (len(base) - 1)
-    out = []
+    out: list[SimRequest] = []
     for i in range(window.total):
-        copy, r = divmod(i, len(base))
-        r = base[r]
+        copy, index = divmod(i, len(base))
+        r = base[index]
         if copy == 0:
             out.append(r)
             continue

@@ -94,8 +94,8 @@ class Timeline(Widget):
         if 0 <= col < len(ruler):
             ruler[col], styles[col] = "▲", "bold"
         line = Text("".join(ruler))
-        for k, s in styles.items():
-            line.stylize(s, k, k + 1)
+        for k, style in styles.items():
+            line.stylize(style, k, k + 1)
         text.append(f"{'zoomed' if self.zoom else 'marks':<{LABEL}}", "bold")
         text.append_text(line)
         text.append(f" {int(edges[0])}-{int(edges[-1]) - 1}"[:VALUE], "dim")
