@@ -55,7 +55,7 @@ def test_runs_write_the_step_by_step_trace(tmp_path, prefix_caching, time_scale)
     sched = SchedulerConfig(max_model_len=4096, max_num_seqs=16, max_num_batched_tokens=512)
     cache = CacheConfig(block_size=16, num_gpu_blocks=400, enable_prefix_caching=prefix_caching)
     sim = _assert_same_trace(tmp_path, DEFAULT_WORKLOAD, sched, cache, snapshot_every=50, time_scale=time_scale)
-    assert sim.decode_runs.num_steps > 0
+    assert sim.replica.runs.num_steps > 0
 
 
 @pytest.mark.parametrize("num_gpu_blocks,time_scale", [(400, 0.3), (400, 3.0), (90, 0.3)])
@@ -67,14 +67,14 @@ def test_runs_timed_at_once_write_the_step_by_step_trace(tmp_path, num_gpu_block
     roofline = RooflineCostModel.from_args(model="llama-3.1-8b", hardware="l4")
     sim = _assert_same_trace(tmp_path, DEFAULT_WORKLOAD, sched, cache, snapshot_every=50, time_scale=time_scale,
                              cost=roofline)
-    assert sim.decode_runs.num_runs_at_once > 0 and sim.decode_runs.num_steps > 0
+    assert sim.replica.runs.num_runs_at_once > 0 and sim.replica.runs.num_steps > 0
 
 
 def test_most_steps_of_a_decode_heavy_replay_go_through_runs(tmp_path):
     sched = SchedulerConfig(max_model_len=4096, max_num_seqs=16, max_num_batched_tokens=512)
     _, sim, _ = _replay(tmp_path / "runs", DEFAULT_WORKLOAD, sched, CacheConfig(block_size=16, num_gpu_blocks=400),
                         True, time_scale=3.0)
-    assert sim.decode_runs.num_steps > 0.8 * sim.recorder.num_steps
+    assert sim.replica.runs.num_steps > 0.8 * sim.replica.recorder.num_steps
 
 
 def test_runs_write_the_step_by_step_trace_through_preemptions(tmp_path):
@@ -82,7 +82,7 @@ def test_runs_write_the_step_by_step_trace_through_preemptions(tmp_path):
     cache = CacheConfig(block_size=16, num_gpu_blocks=90)
     runs, sim, _ = _replay(tmp_path / "check", DEFAULT_WORKLOAD, sched, cache, True)
     assert sum(runs["steps"].column("num_preempted").to_pylist()) > 0  # the pool is short enough to preempt
-    assert sim.decode_runs.num_steps > 0
+    assert sim.replica.runs.num_steps > 0
     _assert_same_trace(tmp_path, DEFAULT_WORKLOAD, sched, cache)
 
 
@@ -122,4 +122,4 @@ def test_runs_write_the_step_by_step_trace_while_requests_wait_behind_taken_seat
     steps = pq.read_table(tmp_path / "runs" / "steps.parquet").to_pandas()
     blocked = steps[(steps["admission_blocked"] == "max_num_seqs") & (steps["num_prefill_tokens"] == 0)]
     assert len(blocked) > len(steps) / 2
-    assert sim.decode_runs.num_steps > 0.8 * len(blocked)
+    assert sim.replica.runs.num_steps > 0.8 * len(blocked)

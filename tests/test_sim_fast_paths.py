@@ -166,8 +166,8 @@ def test_rows_only_writer_gets_the_same_trace_as_the_buffered_one(tmp_path, monk
     class RowsOnlySimulator(Simulator):
         def __init__(self, *a, **k):
             super().__init__(*a, **k)
-            self.replica.attach(TraceRecorder(RowsOnlyWriter(self.cluster.writer), self.scheduler,
-                                              snapshot_every=self.recorder.snapshot_every))
+            self.replica.attach(TraceRecorder(RowsOnlyWriter(self.cluster.writer), self.replica.scheduler,
+                                              snapshot_every=self.replica.recorder.snapshot_every))
 
     sched = SchedulerConfig(max_model_len=4096, max_num_seqs=8, max_num_batched_tokens=256)
     cache = CacheConfig(block_size=16, num_gpu_blocks=120)

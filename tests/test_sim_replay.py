@@ -217,9 +217,9 @@ def test_fabricated_tokens_depend_on_the_seed_but_decisions_do_not(tmp_path):
 def test_workload_replay_keeps_no_state_for_finished_requests(tmp_path):
     sim, result, t = _simulate(tmp_path, "a")
     assert result.num_requests == 40 and set(t.requests["finish_reason"]) == {"length"}
-    assert not sim.scheduler.requests and not sim.recorder.live
-    assert not sim.runner._base and not sim.runner._recorded
-    assert not sim.scheduler.kv_cache_manager.req_to_blocks
+    assert not sim.replica.scheduler.requests and not sim.replica.recorder.live
+    assert not sim.replica.runner._base and not sim.replica.runner._recorded
+    assert not sim.replica.scheduler.kv_cache_manager.req_to_blocks
 
 
 def test_workload_replay_sees_arrivals_on_the_simulated_clock(tmp_path):

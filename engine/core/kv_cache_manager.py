@@ -40,6 +40,17 @@ _WAITING_STATUSES = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
 BlockEvent = tuple[str, str, list[int], list[str] | None]
 
 
+def _blocks_to_take(num_tokens: int, num_held: int, hits: list[KVCacheBlock], block_size: int) -> int:
+    """Blocks to take from the free queue for `num_tokens` slots: new ones, plus prefix hits that sit
+    evictable in the free queue (touching them takes them out of it)."""
+    num_new = -(-num_tokens // block_size) - num_held - len(hits)
+    if num_new < 0:
+        num_new = 0
+    if not hits:
+        return num_new
+    return num_new + sum(1 for b in hits if b.ref_cnt == 0 and not b.is_null)
+
+
 class KVCacheManager:
     """Full-attention KV cache manager: one block list per request, hashes from the request.
 
@@ -94,15 +105,9 @@ class KVCacheManager:
 
     def num_blocks_to_allocate(self, request_id: str, num_tokens: int,
                                new_computed_blocks: list[KVCacheBlock] = _NO_BLOCKS) -> int:
-        """Blocks to take from the free queue for `num_tokens` slots: new ones, plus prefix hits that
-        sit evictable in the free queue (touching them takes them out of it)."""
+        """Blocks `allocate_slots` takes from the free queue for `num_tokens` slots of the request."""
         held = self.req_to_blocks.get(request_id)
-        num_new = -(-num_tokens // self.block_size) - (len(held) if held is not None else 0) - len(new_computed_blocks)
-        if num_new < 0:
-            num_new = 0
-        if not new_computed_blocks:
-            return num_new
-        return num_new + sum(1 for b in new_computed_blocks if b.ref_cnt == 0 and not b.is_null)
+        return _blocks_to_take(num_tokens, len(held) if held is not None else 0, new_computed_blocks, self.block_size)
 
     def allocate_slots(self, request: Request, num_new_tokens: int, num_new_computed_tokens: int = 0,
                        new_computed_blocks: list[KVCacheBlock] | None = None, num_lookahead_tokens: int = 0,
@@ -116,43 +121,49 @@ class KVCacheManager:
         watermark holds back blocks from waiting and preempted requests while others run.
         """
         rid = request.request_id
-        hits = new_computed_blocks or _NO_BLOCKS
-        num_free = self.block_pool.free_block_queue.num_free_blocks
-        watermark = self.watermark_blocks if has_scheduled_reqs and request.status in _WAITING_STATUSES else 0
-        num_computed = request.num_computed_tokens + num_new_computed_tokens
-        max_model_len = self.max_model_len
-        if full_sequence_must_fit:
-            full = min(request.num_tokens, max_model_len)
-            if (need := self.num_blocks_to_allocate(rid, full, hits) + watermark) > num_free:
-                self.last_shortfall = (True, need, num_free)
-                return None
-        num_slots = num_computed + num_new_tokens + num_lookahead_tokens
-        if num_slots > max_model_len:
-            num_slots = max_model_len
-        if (need := self.num_blocks_to_allocate(rid, num_slots, hits) + watermark) > num_free:
-            self.last_shortfall = (False, need, num_free)
-            return None
         req_blocks = self.req_to_blocks.get(rid)
+        num_held = len(req_blocks) if req_blocks is not None else 0
+        hits = new_computed_blocks or _NO_BLOCKS
+        block_size = self.block_size
+        num_computed = request.num_computed_tokens + num_new_computed_tokens
+        num_slots = num_computed + num_new_tokens + num_lookahead_tokens
+        if num_slots > self.max_model_len:
+            num_slots = self.max_model_len
+        need = _blocks_to_take(num_slots, num_held, hits, block_size)
+        # A running request's blocks, or a chunk within held ones, take nothing: no check to make.
+        if need or full_sequence_must_fit or self.watermark_blocks:
+            num_free = self.block_pool.free_block_queue.num_free_blocks
+            watermark = self.watermark_blocks if has_scheduled_reqs and request.status in _WAITING_STATUSES else 0
+            if full_sequence_must_fit:
+                full = min(request.num_tokens, self.max_model_len)
+                if (whole := _blocks_to_take(full, num_held, hits, block_size) + watermark) > num_free:
+                    self.last_shortfall = (True, whole, num_free)
+                    return None
+            if need + watermark > num_free:
+                self.last_shortfall = (False, need + watermark, num_free)
+                return None
         if req_blocks is None:
             req_blocks = self.req_to_blocks[rid] = []
             self.num_cached_block[rid] = 0
+            self.slot_limit[rid] = 0
         if hits:
             self.block_pool.touch(hits)
             req_blocks.extend(hits)
             self.num_cached_block[rid] = len(req_blocks)
             if self.events is not None:
                 self.events.append(("hit", rid, [b.block_id for b in hits], None))
-        num_to_allocate = -(-num_slots // self.block_size) - len(req_blocks)
+        num_to_allocate = -(-num_slots // block_size) - len(req_blocks)
         new_blocks = self.block_pool.get_new_blocks(num_to_allocate) if num_to_allocate > 0 else _NO_BLOCKS
         if new_blocks:
             req_blocks.extend(new_blocks)
             if self.events is not None:
                 self.events.append(("new", rid, [b.block_id for b in new_blocks], None))
+        if new_blocks or hits:
+            self._set_slot_limit(rid, len(req_blocks))
         end = num_computed + num_new_tokens
-        if self.enable_caching and end // self.block_size > self.num_cached_block[rid]:
+        if self.enable_caching and end // block_size > self.num_cached_block[rid]:
             num_tokens = len(request.all_token_ids)
             self._cache_blocks(request, req_blocks, end if end < num_tokens else num_tokens)
-        self._set_slot_limit(rid, len(req_blocks))
         return new_blocks
 
     def _set_slot_limit(self, request_id: str, num_blocks: int) -> None:

@@ -16,11 +16,11 @@ SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
 def as_int(value: object) -> int | None:
     """`value` as a plain int if it is an integer (numpy integers included), else None; a bool is not an
     integer here, so `True` is never taken for token id 1."""
-    if isinstance(value, bool):  # numpy's bool has no __index__, so operator.index refuses it
+    if value is None or isinstance(value, bool):  # numpy's bool has no __index__: operator.index refuses it
         return None
-    if not isinstance(value, SupportsIndex):
-        return None
-    return operator.index(value)
+    if isinstance(value, int):
+        return value
+    return operator.index(value) if isinstance(value, SupportsIndex) else None
 
 
 def _plain(value: T) -> T | int:

@@ -191,7 +191,7 @@ class Replica:
         outputs apply at its own end. A recorded replay launches each step no earlier than it was
         recorded (while there is something to take in or step); external finishes apply after the step
         they followed; decode-only stretches are taken as runs where the replica has them."""
-        cycle, cluster = self.cycle, self.cluster
+        cycle, sched, cluster = self.cycle, self.scheduler, self.cluster
         step_start, intake, external = self.step_start, self.intake, self.external
         per_request = intake.per_request_s if intake is not None else 0.0
         ends: deque[float] = deque()  # when each step in flight leaves the device
@@ -217,7 +217,7 @@ class Replica:
                 self._take_inbox()  # each added at its own arrival, up to the step's start
             # The run's cold first add: what arrives meanwhile waits a step (sim.cost_models.intake).
             self.now, cold = max(self.now, start) + cold, 0.0
-            if cycle.has_work():
+            if sched.running or cycle.has_work():  # anything running is work: skip the queue checks
                 if self.runs is not None and not cycle.in_flight:
                     done, end = self.runs.advance(self.now, launched, cluster.next_arrival, self._run_limit(launched))
                     if done:
@@ -227,7 +227,7 @@ class Replica:
                         continue
                 so, timing = launch(cycle, cluster.cost_model, launched)
                 if self.headroom is not None:
-                    self.headroom.scheduled(so, self.scheduler.requests, len(self.scheduler.running))
+                    self.headroom.scheduled(so, sched.requests, len(sched.running))
                 device_free = max(self.now, device_free) + timing.total
                 launched += 1
                 ends.append(device_free)
@@ -244,7 +244,7 @@ class Replica:
             self.stepping = True
             yield self.now
             so, outputs = self._last_step()
-            if (cycle.has_work() and cycle.did_nothing(so, outputs)
+            if (cycle.did_nothing(so, outputs) and cycle.has_work()
                     and (step_start is None or step_start(launched) is None)):
                 # Nothing ran and nothing can until a request arrives here: wait for one.
                 self.now = max(self.now, (yield from self._next_request()))

@@ -21,8 +21,6 @@ FIRST_TOKEN_ID = 3  # leave the special ids (BOS/EOS/PAD) alone, as the workload
 _MULTIPLIER = 2654435761  # Knuth's multiplicative hash: consecutive positions land far apart
 # What a partial prefill samples; one shared list, since the scheduler only reads sampled tokens.
 _NOTHING: list[int] = []
-# A decode run's tokens below this many are drawn in Python: numpy's fixed cost is larger there.
-_BATCHED_TOKENS = 64
 
 
 class FakeModelRunner:
@@ -55,9 +53,9 @@ class FakeModelRunner:
 
     def upcoming(self, requests: list[Request], count: int) -> list[list[int]]:
         """The tokens `execute` would sample for each request at its next `count` output positions (a
-        decode run's). Without recorded tokens, one numpy expression for the whole batch where it is
-        large enough to pay for itself: positions stay far below 2**31, so nothing overflows int64."""
-        if self._recorded or len(requests) * count < _BATCHED_TOKENS:
+        decode run's). Without recorded tokens, the formula over the whole batch at once, in numpy:
+        positions stay far below 2**31, so nothing overflows int64."""
+        if self._recorded:
             token_at = self.token_at
             return [[token_at(rid, pos) for pos in range(first, first + count)]
                     for rid, first in ((r.request_id, len(r.output_token_ids)) for r in requests)]

@@ -20,14 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from engine.core.config import CacheConfig, SchedulerConfig
-from engine.core.request import Request
-from engine.core.scheduler import Scheduler
 from sim.core.cluster import Cluster
-from sim.core.decode_runs import DecodeRuns
-from sim.core.runner import FakeModelRunner
 from sim.core.sources import SimRequest
 from sim.cost_models.base import CostModel
-from traces.recorder import TraceRecorder
 
 
 @dataclass(slots=True, kw_only=True)
@@ -52,22 +47,6 @@ class Simulator:
                                overwrite=overwrite, follow_recorded=follow_recorded, snapshot_every=snapshot_every,
                                flush_every=flush_every, keep_requests=False)
         self.replica = self.cluster.replicas[0]
-
-    @property
-    def scheduler(self) -> Scheduler:
-        return self.replica.scheduler
-
-    @property
-    def runner(self) -> FakeModelRunner:
-        return self.replica.runner
-
-    @property
-    def recorder(self) -> TraceRecorder[Request] | None:
-        return self.replica.recorder
-
-    @property
-    def decode_runs(self) -> DecodeRuns | None:
-        return self.replica.runs
 
     def run(self, requests: Iterable[SimRequest], external_finishes: dict[int, list[tuple[str, str]]] | None = None,
             total: int | None = None, progress: bool = False) -> SimResult:
