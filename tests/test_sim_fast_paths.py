@@ -205,7 +205,7 @@ def test_runner_forgets_every_request_that_ended(tmp_path, async_scheduling):
     trace = traces.load(tmp_path / "trace")
     assert result.num_requests == 40 and trace.requests["finish_reason"].notna().all()
     assert (trace.requests["finish_reason"] == "error").any()  # prompts past max_model_len are rejected
-    assert sim.runner._base == {} and sim.runner._recorded == {}
+    assert sim.replica.runner._base == {} and sim.replica.runner._recorded == {}
 
 
 def test_copies_of_a_request_take_its_prompt_hashes_from_the_first_without_hashing_again(monkeypatch):
