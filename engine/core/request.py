@@ -115,8 +115,11 @@ class Request:
 
     def is_decoding(self) -> bool:
         """Its next step computes the one token after all the others, an output token: a decode."""
-        return (len(self.all_token_ids) + self.num_output_placeholders - self.num_computed_tokens == 1
-                and bool(self.num_output_placeholders or self.output_token_ids))
+        if len(self.all_token_ids) + self.num_output_placeholders - self.num_computed_tokens != 1:
+            return False
+        if self.num_output_placeholders or self.output_token_ids:
+            return True
+        return False
 
     def is_finished(self) -> bool:
         return self.status > RequestStatus.PREEMPTED

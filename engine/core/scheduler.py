@@ -102,11 +102,49 @@ class Scheduler:
         self._num_preempted_last_step = len(out.preempted_req_ids)
         return out
 
+    def _schedule_decodes(self, out: SchedulerOutput) -> int:
+        """`_schedule_running`'s decode case, taken first for the leading decodes (`Request.is_decoding`,
+        blocks that do not run short) when the budget covers every running request: nothing can then be
+        capped or preempted, so each gets its one token, a block only past its slot limit, as the general
+        rule gives it. Returns how many it scheduled; `_schedule_running` goes on from there."""
+        kv = self.kv_cache_manager
+        slot_limit = kv.slot_limit
+        last = self.max_model_len - 1
+        cached = out.scheduled_cached_reqs
+        run_ids, run_computed, run_block_ids = cached.req_ids, cached.num_computed_tokens, cached.new_block_ids
+        for req in self.running:
+            computed = req.num_computed_tokens
+            if computed >= last or not req.is_decoding():
+                break
+            rid = req.request_id
+            if computed < slot_limit[rid]:
+                block_ids = NO_BLOCK_IDS
+            else:
+                new_blocks = kv.allocate_slots(req, 1)
+                if new_blocks is None:
+                    break  # short of a block: _schedule_rest retries it and preempts
+                block_ids = [b.block_id for b in new_blocks] if new_blocks else NO_BLOCK_IDS
+            run_ids.append(rid)
+            run_computed.append(computed)
+            run_block_ids.append(block_ids)
+            req.num_computed_tokens = computed + 1
+            req.num_in_flight_tokens += 1
+            req.is_prefill_chunk = False
+        out.num_scheduled_tokens = dict.fromkeys(run_ids, 1)  # taken first: nothing scheduled before
+        out.decode_req_ids.update(run_ids)
+        return len(run_ids)
+
     def _schedule_running(self, out: SchedulerOutput, budget: int, threshold: int) -> int:
         """Give each running request the tokens it has left, as far as the budget goes, preempting from
         the back of the line when a block is short; returns the budget left."""
-        kv = self.kv_cache_manager
         running = self.running
+        start = 0
+        if not self.has_placeholders and len(running) <= budget:
+            start = self._schedule_decodes(out)
+            budget -= start
+            if start == len(running):
+                return budget
+        kv = self.kv_cache_manager
         max_model_len = self.max_model_len
         long_prefill_cap = threshold if threshold > 0 else max_model_len
         has_placeholders = self.has_placeholders
@@ -116,7 +154,7 @@ class Scheduler:
         run_ids, run_computed, run_block_ids = cached.req_ids, cached.num_computed_tokens, cached.new_block_ids
         decode_ids = out.decode_req_ids
         preempted = out.preempted_req_ids
-        for req in list(running):  # a preemption removes its victim from self.running, not from this copy
+        for req in running[start:]:  # a preemption removes its victim from self.running, not from this copy
             if budget <= 0:
                 break
             if preempted and req.status != RequestStatus.RUNNING:

@@ -216,7 +216,7 @@ class Replica:
             else:
                 self._take_inbox()  # each added at its own arrival, up to the step's start
             # The run's cold first add: what arrives meanwhile waits a step (sim.cost_models.intake).
-            self.now, cold = max(self.now, start) + cold, 0.0
+            self.now, cold = (start if start > self.now else self.now) + cold, 0.0
             if sched.running or cycle.has_work():  # anything running is work: skip the queue checks
                 if self.runs is not None and not cycle.in_flight:
                     done, end = self.runs.advance(self.now, launched, cluster.next_arrival, self._run_limit(launched))
@@ -228,7 +228,7 @@ class Replica:
                 so, timing = launch(cycle, cluster.cost_model, launched)
                 if self.headroom is not None:
                     self.headroom.scheduled(so, sched.requests, len(sched.running))
-                device_free = max(self.now, device_free) + timing.total
+                device_free = (device_free if device_free > self.now else self.now) + timing.total
                 launched += 1
                 ends.append(device_free)
                 if cycle.may_schedule_ahead(so):
@@ -240,7 +240,9 @@ class Replica:
                     self.now += look
                     woke = True
                 continue
-            self.now = max(self.now, ends.popleft())
+            end = ends.popleft()
+            if end > self.now:
+                self.now = end
             self.stepping = True
             yield self.now
             so, outputs = self._last_step()

@@ -78,10 +78,15 @@ class FakeModelRunner:
         scheduler applies them in its own order, so row order is free. Under async scheduling the
         computed count already includes the placeholders of steps in flight."""
         ids = list(so.num_scheduled_tokens)
-        token_at = self.token_at
+        if self._recorded:
+            token_at = self.token_at
+            return ModelRunnerOutput(ids, [
+                _NOTHING if (req := requests[rid]).is_prefill_chunk
+                else [token_at(rid, req.num_computed_tokens - len(req.prompt_token_ids))] for rid in ids])
+        base, span = self._base, self.span  # a generated workload: every token is the seed's
         return ModelRunnerOutput(ids, [
             _NOTHING if (req := requests[rid]).is_prefill_chunk
-            else [token_at(rid, req.num_computed_tokens - len(req.prompt_token_ids))] for rid in ids])
+            else [_token(base[rid], req.num_computed_tokens - len(req.prompt_token_ids), span)] for rid in ids])
 
 
 Positions = TypeVar("Positions", int, np.ndarray)
