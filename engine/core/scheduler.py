@@ -122,7 +122,7 @@ class Scheduler:
             else:
                 new_blocks = kv.allocate_slots(req, 1)
                 if new_blocks is None:
-                    break  # short of a block: _schedule_rest retries it and preempts
+                    break  # short of a block: the general loop retries it and preempts
                 block_ids = [b.block_id for b in new_blocks] if new_blocks else NO_BLOCK_IDS
             run_ids.append(rid)
             run_computed.append(computed)

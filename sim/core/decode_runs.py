@@ -152,7 +152,7 @@ class DecodeRuns:
             starts.append(now)
             now += timing.total
             ends.append(now)
-            schedule_times.append(0.0)  # the phases as CycleRecorder writes them
+            schedule_times.append(0.0)  # the phases as the recorder writes a priced step
             execute_times.append(timing.device)
             sample_times.append(timing.host)
             used.append(pool.get_num_used_blocks())
