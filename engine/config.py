@@ -195,7 +195,7 @@ class EngineArgs:
             tok_dir = None
         dtype = resolve_dtype(self.dtype, device)
         overrides = parse_hf_overrides(self.hf_overrides)
-        check_model_config({**hf_config.to_dict(), **overrides}, name)  # before transformers' own typed setters
+        check_model_config({**hf_config.to_dict(), **overrides}, name, moe=True)  # before transformers' own typed setters
         if overrides:
             hf_config.update(overrides)
         limit = getattr(hf_config, "max_position_embeddings", None) or 4096
@@ -259,7 +259,7 @@ def _load_hf_config(path: Path, trust_remote_code: bool) -> Any:
     errors of their own, not ValueErrors); every problem is one ValueError naming the file."""
     from transformers import AutoConfig
 
-    check_model_config(read_config_json(path / "config.json"), str(path / "config.json"))
+    check_model_config(read_config_json(path / "config.json"), str(path / "config.json"), moe=True)
     try:
         return AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=trust_remote_code)
     except ValueError as e:

@@ -117,6 +117,7 @@ def get_model_config(name: str) -> dict[str, Any]:
 
 
 DENSE_TYPES = ("llama", "qwen2", "qwen3", "mistral")
+MOE_TYPES = ("qwen3_moe", "mixtral")  # the engine runs them; no cost model prices them yet
 _POSITIVE = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
 _OPTIONAL_POSITIVE = ("num_key_value_heads", "head_dim", "intermediate_size", "max_position_embeddings")
 # The largest each size may be: many times today's largest dense models, yet small enough that weight and KV
@@ -129,14 +130,25 @@ MAX_SIZES = {
 MAX_PARAMS = 1 << 45  # weights of one model: some 35 trillion, far past any dense model built
 
 
-def check_model_config(cfg: dict[str, Any], name: str) -> None:
+def check_model_config(cfg: dict[str, Any], name: str, moe: bool = False) -> None:
     """The shape fields the engine and the cost models rely on, checked once for both: a dense
-    Llama/Qwen2/Qwen3 (or Mistral) model type, positive integer sizes, KV heads that divide the heads.
-    Raises ValueError naming the config and the field."""
+    Llama/Qwen2/Qwen3 (or Mistral) model type, or where `moe` (the engine) a Qwen3-MoE or Mixtral one;
+    positive integer sizes, KV heads that divide the heads, top-k within the experts. Raises ValueError
+    naming the config and the field."""
     kind = str(cfg.get("model_type") or "")
-    if kind not in DENSE_TYPES or cfg.get("num_experts") or cfg.get("num_local_experts"):
-        raise ValueError(f"model config {name!r}: model_type {kind or 'missing'!r} is not supported; dense "
-                         f"{', '.join(DENSE_TYPES)} shapes are")
+    # Qwen3-MoE's config.json says num_experts (transformers 5 writes num_local_experts, as Mixtral's does).
+    experts = cfg.get("num_experts") or cfg.get("num_local_experts")
+    if not (kind in DENSE_TYPES and not (cfg.get("num_experts") or cfg.get("num_local_experts"))
+            or moe and kind in MOE_TYPES):
+        what = f"dense {', '.join(DENSE_TYPES)} shapes" + (f" and {', '.join(MOE_TYPES)} ones" if moe else "")
+        raise ValueError(f"model config {name!r}: model_type {kind or 'missing'!r} is not supported; {what} are")
+    if kind in MOE_TYPES:
+        top_k = cfg.get("num_experts_per_tok")
+        for key, value in (("num_experts", experts), ("num_experts_per_tok", top_k)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"model config {name!r}: {key} must be a positive integer, got {value!r}")
+        if isinstance(top_k, int) and isinstance(experts, int) and top_k > experts:
+            raise ValueError(f"model config {name!r}: num_experts_per_tok {top_k} is more than the {experts} experts")
     missing = [k for k in _POSITIVE if k not in cfg]
     if missing:
         raise ValueError(f"model config {name!r}: missing {', '.join(missing)}")
@@ -160,12 +172,16 @@ def check_model_config(cfg: dict[str, Any], name: str) -> None:
 
 
 def _weight_count(cfg: dict[str, Any]) -> int:
-    """About how many weights the shape holds (attention, gated MLP, embedding and head), in exact ints."""
+    """About how many weights the shape holds (attention, gated MLPs or every expert with its router,
+    embedding and head), in exact ints."""
     h, nh = cfg["hidden_size"], cfg["num_attention_heads"]
     nkv = cfg.get("num_key_value_heads") or nh
     hd = cfg.get("head_dim") or h // nh
     inter = cfg.get("intermediate_size") or 4 * h
-    layer = 2 * h * nh * hd + 2 * h * nkv * hd + 3 * h * inter
+    experts = cfg.get("num_experts") or cfg.get("num_local_experts") or 0
+    width = cfg.get("moe_intermediate_size") or inter  # Mixtral's experts are intermediate_size wide
+    mlp = experts * (3 * h * width + h) if experts else 3 * h * inter
+    layer = 2 * h * nh * hd + 2 * h * nkv * hd + mlp
     return cfg["num_hidden_layers"] * layer + 2 * cfg["vocab_size"] * h
 
 

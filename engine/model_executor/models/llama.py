@@ -5,7 +5,7 @@ Projections are merged (qkv, gate_up) so each layer runs two big matmuls instead
 """
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, ClassVar
 
 import torch
@@ -101,11 +101,28 @@ class LlamaMLP(nn.Module):
         return self.down_proj(self.act_fn(self.gate_up_proj(x)))
 
 
+def dense_mlp(config: Any, layer_idx: int) -> nn.Module:
+    """The feed-forward block of every Llama layer: one SwiGLU MLP of width `intermediate_size`."""
+    return LlamaMLP(config.hidden_size, config.intermediate_size, getattr(config, "mlp_bias", False))
+
+
+# (config, layer index) -> that layer's feed-forward block, [T, H] -> [T, H]
+MLPFactory = Callable[[Any, int], nn.Module]
+
+
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, config: Any, layer_idx: int, rotary_emb: RotaryEmbedding, flags: dict, attn_backend: str):
+    def __init__(
+        self,
+        config: Any,
+        layer_idx: int,
+        rotary_emb: RotaryEmbedding,
+        flags: dict,
+        attn_backend: str,
+        mlp_factory: MLPFactory = dense_mlp,
+    ) -> None:
         super().__init__()
         self.self_attn = LlamaAttention(config, layer_idx, rotary_emb, attn_backend=attn_backend, **flags)
-        self.mlp = LlamaMLP(config.hidden_size, config.intermediate_size, getattr(config, "mlp_bias", False))
+        self.mlp = mlp_factory(config, layer_idx)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -123,7 +140,7 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, config: Any, flags: dict, attn_backend: str) -> None:
+    def __init__(self, config: Any, flags: dict, attn_backend: str, mlp_factory: MLPFactory = dense_mlp) -> None:
         super().__init__()
         head_dim = head_dim_of(config)
         theta, scaling = rope_params_from_config(config)
@@ -131,7 +148,8 @@ class LlamaModel(nn.Module):
         self.rotary_emb = RotaryEmbedding(head_dim, rotary_dim, config.max_position_embeddings, theta, scaling)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, i, self.rotary_emb, flags, attn_backend) for i in range(config.num_hidden_layers)
+            LlamaDecoderLayer(config, i, self.rotary_emb, flags, attn_backend, mlp_factory)
+            for i in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -174,11 +192,15 @@ class LlamaForCausalLM(nn.Module):
             o_bias=attention_bias if self.o_bias is None else self.o_bias,
             qk_norm=self.qk_norm,
         )
-        self.model = LlamaModel(config, flags, attn_backend)
+        self.model = LlamaModel(config, flags, attn_backend, self.make_mlp)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
         if self.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+
+    def make_mlp(self, config: Any, layer_idx: int) -> nn.Module:
+        """Layer `layer_idx`'s feed-forward block; MoE models (models/moe.py) put sparse blocks in some layers."""
+        return dense_mlp(config, layer_idx)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """input_ids, positions: [T] -> hidden states [T, H]; attention reads the forward context."""
