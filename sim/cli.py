@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from sim.core.simulator import SimResult
     from sim.core.sources import Source
     from sim.cost_models.base import CostModel
+    from sim.cost_models.deployment import Deployment
 
 DEFAULT_NUM_GPU_BLOCKS = 8192
 
@@ -80,9 +81,7 @@ def replay_arguments(r: argparse.ArgumentParser) -> None:
                    f"the trace's model, else {DEFAULT_MODEL})")
     r.add_argument("--hardware", default=None, help=f"{hardware_help()} (default {DEFAULT_HARDWARE}, or a bundle's "
                    "own GPU)")
-    r.add_argument("--tensor-parallel-size", type=int, default=None, metavar="N",
-                   help="shard weights and KV heads over N GPUs, two all-reduces per layer (default: the trace's, "
-                   "else 1)")
+    add_deployment_flags(r)
     add_workload_flags(r, "sim replay")
     r.add_argument("--slo", default=None, help="e.g. ttft_p99=2s,tpot_p99=80ms: goodput and attainment")
     r.add_argument("--plots", default=None, metavar="DIR", help="write latency CDF / throughput / queue / KV PNGs")
@@ -135,12 +134,55 @@ def build_configs(args: argparse.Namespace, source: Source,
     return sched, cache, how
 
 
+def add_deployment_flags(p: argparse.ArgumentParser) -> None:
+    """vLLM's parallel-layout and dtype flags, with vLLM's meaning; each defaults to what the source
+    trace (an imported run included) recorded, else vLLM's default."""
+    p.add_argument("--tensor-parallel-size", type=int, default=None, metavar="N",
+                   help="shard attention, dense layers and KV heads over N GPUs per data-parallel rank, two "
+                   "all-reduces per layer (default: the trace's, else 1)")
+    p.add_argument("--data-parallel-size", type=int, default=None, metavar="N",
+                   help="N engine cores, each its own scheduler and KV cache, stepping in lockstep; a mixture of "
+                   "experts shares its MoE layers over all of them (default: the trace's, else 1)")
+    p.add_argument("--enable-expert-parallel", action="store_true", default=None,
+                   help="split a mixture of experts' experts over the data x tensor parallel GPUs instead of "
+                   "splitting each expert's width (default: the trace's, else off)")
+    p.add_argument("--kv-cache-dtype", default=None, choices=("auto", "fp8"),
+                   help="fp8: one byte per KV value (twice the capacity, half the attention reads) (default: the "
+                   "trace's, else auto: the model's dtype)")
+    p.add_argument("--quantization", default=None, choices=("fp8", "none"),
+                   help="fp8: linear weights at one byte, GEMMs at the GPU's FP8 peak (default: the trace's, else none)")
+    p.add_argument("--routing", default=None, metavar="balanced|zipf:S",
+                   help="how a mixture of experts' tokens pick experts, for the distinct experts a batch activates: "
+                   "balanced (uniform) or zipf:S (expert popularity a Zipf law of exponent S) (default: balanced)")
+
+
+def deployment_of(args: argparse.Namespace, source: Source) -> Deployment:
+    """The layout and dtypes simulated: each flag given, else what the source trace recorded, else vLLM's
+    default."""
+    from sim.cost_models.deployment import Deployment
+
+    recorded: dict[str, Any] = {}
+    if source.trace is not None:
+        config = source.trace.meta.get("config") or {}
+        recorded = {**(config.get("model") or {}), **(config.get("parallel") or {})}
+    quantization = args.quantization if args.quantization is not None else recorded.get("quantization")
+    return Deployment(
+        tensor_parallel_size=int(args.tensor_parallel_size or recorded.get("tensor_parallel_size") or 1),
+        data_parallel_size=int(args.data_parallel_size or recorded.get("data_parallel_size") or 1),
+        enable_expert_parallel=bool(args.enable_expert_parallel or recorded.get("enable_expert_parallel") or False),
+        kv_cache_dtype="fp8" if str(args.kv_cache_dtype or recorded.get("kv_cache_dtype") or "auto").startswith("fp8")
+        else "auto",
+        quantization=None if quantization in (None, "none") else str(quantization),
+        routing=args.routing or "balanced")
+
+
 def _check_flags(args: argparse.Namespace) -> None:
     workload_options(args, "sim replay")
     if args.samples is not None and args.samples < 1:
         raise ValueError(f"--samples: must be >= 1, got {args.samples}")
     for flag, value, low in (("--num-gpu-blocks-override", args.num_gpu_blocks_override, 2),
-                             ("--tensor-parallel-size", args.tensor_parallel_size, 1)):
+                             ("--tensor-parallel-size", args.tensor_parallel_size, 1),
+                             ("--data-parallel-size", args.data_parallel_size, 1)):
         if value is not None and value < low:
             raise ValueError(f"{flag}: must be >= {low}, got {value}")
     if not Path(args.source).exists():
@@ -178,10 +220,10 @@ def _simulate(args: argparse.Namespace, trace_dir: str, residual_seed: int | Non
     # A trace replays its own step times; a workload or an imported measured run (no steps, by design) the roofline.
     name = args.cost_model or ("recorded" if source.trace is not None and not source.trace.imported else "roofline")
     model = args.model or source.model.get("hf_config") or DEFAULT_MODEL
-    tp = args.tensor_parallel_size or _recorded_tp(source)
+    deployment = deployment_of(args, source)
     recorded_async = recorded_or_flag(SchedulerConfig, args, source.scheduler).get("async_scheduling")
     cost_model = get_cost_model(name, source.trace, model=model, hardware=args.hardware, profile=args.profile,
-                                residual_seed=residual_seed, tensor_parallel_size=tp,
+                                residual_seed=residual_seed, deployment=deployment,
                                 async_scheduling=bool(recorded_async if recorded_async is not None
                                                       else SchedulerConfig().async_scheduling),
                                 vllm_version=_recorded_vllm(source))
@@ -194,7 +236,11 @@ def _simulate(args: argparse.Namespace, trace_dir: str, residual_seed: int | Non
     sched, cache, how = build_configs(args, source, cost_model)
     source.max_prompt_tokens = sched.max_model_len
     model_meta, simulated_hardware = _simulated_model(source, model, args.hardware, cost_model)
-    meta = {"config": {"model": model_meta, "parallel": {"tensor_parallel_size": tp}}, "workload": source.meta,
+    d = deployment
+    parallel = {"tensor_parallel_size": d.tensor_parallel_size, "data_parallel_size": d.data_parallel_size,
+                "enable_expert_parallel": d.enable_expert_parallel}
+    model_meta = {**model_meta, "kv_cache_dtype": d.kv_cache_dtype, "quantization": d.quantization}
+    meta = {"config": {"model": model_meta, "parallel": parallel}, "workload": source.meta,
             "device": {"type": "sim", "hardware": simulated_hardware},
             "kv_cache": {"num_blocks": cache.num_gpu_blocks, "block_size": cache.block_size, "how": how}}
     if prediction is not None:
@@ -202,7 +248,8 @@ def _simulate(args: argparse.Namespace, trace_dir: str, residual_seed: int | Non
     if announce:
         print(describe_replay(source.path, source.num_requests, meta, cost_model.describe().to_meta(), sched, cache))
     sim = Simulator(sched, cache, cost_model, trace_dir, meta, seed=args.seed or 0, vocab_size=args.vocab_size,
-                    follow_recorded=exact, trace_level=args.trace_level, overwrite=overwrite)
+                    follow_recorded=exact, trace_level=args.trace_level, overwrite=overwrite,
+                    data_parallel_size=d.data_parallel_size, pad_across_ranks=not source.model.get("enforce_eager"))
     return sim.run(source.requests, source.external_finishes, source.num_requests, progress=progress), cost_model
 
 
@@ -228,14 +275,6 @@ def _recorded_vllm(source: Source) -> str | None:
     if source.trace is None:
         return None
     return (source.trace.meta.get("vllm") or {}).get("version")
-
-
-def _recorded_tp(source: Source) -> int:
-    """The tensor-parallel size the source trace ran with (an imported vLLM run records it), else 1."""
-    if source.trace is None:
-        return 1
-    parallel = (source.trace.meta.get("config") or {}).get("parallel") or {}
-    return int(parallel.get("tensor_parallel_size") or 1)
 
 
 def replay(args: argparse.Namespace) -> int:

@@ -8,6 +8,7 @@ from core_helpers import fake_output, make_requests, make_scheduler
 
 import traces
 from engine.core.model_shapes import PRESET_NAMES, get_model_config
+from sim.cost_models.deployment import Deployment
 from sim.cost_models.base import StepTiming
 from sim.cost_models.batch import StepBatch, batch_from_output
 from sim.calibration.calibrate import batches_from_trace, calibrate
@@ -250,7 +251,7 @@ def test_step_time_grows_with_context_tokens():
 def test_decode_step_times_are_step_time_of_each_decode_step_to_the_bit(model, hardware, tp, async_scheduling):
     """A run of decode steps timed at once, each of its steps timed alone, and the kernel sum's general
     path (prefill chunks, skew) on the same batches all agree to the bit."""
-    one_by_one, at_once, general = (RooflineCostModel.from_args(model=model, hardware=hardware, tp=tp,
+    one_by_one, at_once, general = (RooflineCostModel.from_args(model=model, hardware=hardware, deployment=Deployment(tensor_parallel_size=tp),
                                                                 async_scheduling=async_scheduling) for _ in range(3))
     for n, context in [(1, 5), (7, 12_345), (4, 1_002), (256, 3_000_000)]:  # 1002 / 4: a tie, rounded to even
         expected = [one_by_one.step_time(StepBatch(0, n, 0, n, context + n * j, 0.0), j) for j in range(200)]

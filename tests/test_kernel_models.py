@@ -14,6 +14,7 @@ import pytest
 from sim.cost_models.batch import StepBatch
 from sim.cli import main
 from sim.cost_models import get_cost_model
+from sim.cost_models.deployment import Deployment
 from sim.cost_models.hardware import GB, HARDWARE, Hardware, get_hardware
 from sim.cost_models.kernel_models import bundle_model
 from sim.cost_models.kernels import DENSE_OPS, AttentionShape, KernelSumCostModel, attention_shapes
@@ -136,7 +137,7 @@ def test_attention_between_grid_points_lies_between_its_neighbours(bundle):
 # --- out-of-grid warning ----------------------------------------------------------------------------------
 
 def test_steps_beyond_the_grid_make_range_warning_name_their_count(bundle):
-    model = bundle_model(bundle, "qwen3-0.6b", None, 1, True)
+    model = bundle_model(bundle, "qwen3-0.6b", None, Deployment(), True)
     model.step_time(_batch((600, 0, False)), 0)           # 600 tokens: past the 255 measured
     model.step_time(_batch((1, 20, True), (1, 40, True)), 1)   # inside
     model.step_time(_batch((1, 1000, True)), 2)            # a decode context past the 255 measured
@@ -146,7 +147,7 @@ def test_steps_beyond_the_grid_make_range_warning_name_their_count(bundle):
 
 
 def test_a_step_inside_the_grid_gives_no_range_warning(bundle):
-    model = bundle_model(bundle, "qwen3-0.6b", None, 1, True)
+    model = bundle_model(bundle, "qwen3-0.6b", None, Deployment(), True)
     model.step_time(_batch((1, 20, True), (1, 40, True)), 0)
     model.step_time(_batch((10, 100, False), (1, 40, True)), 1)
     assert model.range_warning() is None
@@ -193,7 +194,7 @@ BAD = ("no_meta", "tp_not_profiled", "missing_column", "non_numeric", "negative"
 def test_a_bad_bundle_is_a_one_line_error_naming_file_row_and_field(tmp_path, kind):
     tp, names = _break(tmp_path / "bad", kind)
     with pytest.raises(BundleError) as e:
-        get_cost_model(str(tmp_path / "bad"), model="qwen3-0.6b", tensor_parallel_size=tp)
+        get_cost_model(str(tmp_path / "bad"), model="qwen3-0.6b", deployment=Deployment(tensor_parallel_size=tp))
     text = one_line(e.value)
     for name in names:
         assert name in text
@@ -262,7 +263,7 @@ def test_one_gpu_pays_no_all_reduce():
 
 
 def test_tp2_pays_two_all_reduces_per_layer_and_one_more_priced_on_the_link():
-    model = RooflineCostModel.from_args(model="llama-3.1-8b", hardware="h100", tp=2)
+    model = RooflineCostModel.from_args(model="llama-3.1-8b", hardware="h100", deployment=Deployment(tensor_parallel_size=2))
     assert model.timer.all_reduce_time(1e6, 2) is None  # the roofline measures none: the link prices them
     hw, layers = model.hardware, model.shape.num_layers
     expected = (2 * layers + 1) * hw.all_reduce_time(102 * model.shape.hidden * 2, 2)
@@ -272,7 +273,7 @@ def test_tp2_pays_two_all_reduces_per_layer_and_one_more_priced_on_the_link():
 
 def test_a_bundle_tp2_step_reads_the_tp2_tables_and_adds_the_link_s_all_reduces(tmp_path):
     path = write_bundle(tmp_path / "b", tps=(1, 2))
-    model = get_cost_model(str(path), model="qwen3-0.6b", tensor_parallel_size=2)
+    model = get_cost_model(str(path), model="qwen3-0.6b", deployment=Deployment(tensor_parallel_size=2))
     assert model.timer.tp == 2 and model.rank.num_heads == 8
     layers, hidden = model.shape.num_layers, model.shape.hidden
     expected = (2 * layers + 1) * model.hardware.all_reduce_time(102 * hidden * 2, 2)
@@ -301,8 +302,8 @@ def test_all_reduce_time_grows_with_tp():
 
 def _kernel_sum_model(kind, bundle, async_scheduling):
     if kind == "bundle":
-        return bundle_model(bundle, "qwen3-0.6b", None, 1, async_scheduling)
-    return RooflineCostModel.from_args(model="llama-3.1-8b", hardware="h100", tp=2, async_scheduling=async_scheduling)
+        return bundle_model(bundle, "qwen3-0.6b", None, Deployment(), async_scheduling)
+    return RooflineCostModel.from_args(model="llama-3.1-8b", hardware="h100", deployment=Deployment(tensor_parallel_size=2), async_scheduling=async_scheduling)
 
 
 @pytest.mark.parametrize("kind", ["bundle", "roofline-tp2"])
@@ -329,7 +330,7 @@ def test_sync_step_time_adds_the_host_term_to_the_device_sum(bundle, kind):
 # --- skew -------------------------------------------------------------------------------------------------
 
 def test_decodes_spread_around_their_mean_cost_more_than_decodes_at_the_mean(tmp_path):
-    model = bundle_model(write_bundle(tmp_path / "b", skew=True), "qwen3-0.6b", None, 1, True)
+    model = bundle_model(write_bundle(tmp_path / "b", skew=True), "qwen3-0.6b", None, Deployment(), True)
     spread = _batch((1, 31, True), (1, 223, True))   # contexts 32 and 224, mean 128
     even = _batch((1, 127, True), (1, 127, True))    # both at 128
     assert spread.context_tokens == even.context_tokens
@@ -343,8 +344,8 @@ def test_decodes_spread_around_their_mean_cost_more_than_decodes_at_the_mean(tmp
 
 
 def test_decodes_all_at_one_context_cost_exactly_the_mean_shape(tmp_path):
-    skewed = bundle_model(write_bundle(tmp_path / "s", skew=True), "qwen3-0.6b", None, 1, True)
-    plain = bundle_model(write_bundle(tmp_path / "p"), "qwen3-0.6b", None, 1, True)
+    skewed = bundle_model(write_bundle(tmp_path / "s", skew=True), "qwen3-0.6b", None, Deployment(), True)
+    plain = bundle_model(write_bundle(tmp_path / "p"), "qwen3-0.6b", None, Deployment(), True)
     even = _batch((1, 127, True), (1, 127, True))
     assert even.decode_context_min == even.decode_context_max == 128
     assert skewed.step_time(even, 0).total == plain.step_time(even, 0).total
@@ -362,7 +363,7 @@ def test_the_largest_prefill_chunk_shares_the_attention_call_with_the_decodes():
 
 
 def test_further_prefill_chunks_are_priced_alone_without_a_second_floor(bundle):
-    model = bundle_model(bundle, "qwen3-0.6b", None, 1, True)
+    model = bundle_model(bundle, "qwen3-0.6b", None, Deployment(), True)
     batch = _batch((100, 0, False), (200, 50, False), (1, 99, True), (1, 199, True))
     t = model.timer
     floor = t.attention(AttentionShape(1, 0, 0, 0))

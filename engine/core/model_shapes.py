@@ -104,6 +104,33 @@ MODEL_CONFIGS: dict[str, dict[str, Any]] = {
         "bos_token_id": 151643,
         "eos_token_id": 151643,
     },
+    # Qwen3-30B-A3B-Instruct-2507: every layer a sparse MoE block, as its config.json says.
+    "qwen3-30b-a3b": {
+        "architectures": ["Qwen3MoeForCausalLM"],
+        "model_type": "qwen3_moe",
+        "hidden_size": 2048,
+        "num_hidden_layers": 48,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 4,
+        "head_dim": 128,
+        "intermediate_size": 6144,
+        "moe_intermediate_size": 768,
+        "num_experts": 128,
+        "num_experts_per_tok": 8,
+        "norm_topk_prob": True,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
+        "vocab_size": 151936,
+        "rope_theta": 10000000.0,
+        "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 262144,
+        "tie_word_embeddings": False,
+        "attention_bias": False,
+        "use_sliding_window": False,
+        "hidden_act": "silu",
+        "bos_token_id": 151643,
+        "eos_token_id": 151645,
+    },
 }
 # Public model shapes a run can name with --model (dummy weights in the engine); the built-in model is not one.
 PRESET_NAMES: tuple[str, ...] = tuple(name for name in MODEL_CONFIGS if name != BUILTIN)
@@ -117,7 +144,9 @@ def get_model_config(name: str) -> dict[str, Any]:
 
 
 DENSE_TYPES = ("llama", "qwen2", "qwen3", "mistral")
-MOE_TYPES = ("qwen3_moe", "mixtral")  # the engine runs them; no cost model prices them yet
+MOE_TYPES = ("qwen3_moe", "mixtral")
+MLA_TYPES = ("deepseek_v3",)  # the cost models price it (latent KV, shared experts); the engine does not run it
+_MLA_FIELDS = ("kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")
 _POSITIVE = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
 _OPTIONAL_POSITIVE = ("num_key_value_heads", "head_dim", "intermediate_size", "max_position_embeddings")
 # The largest each size may be: many times today's largest dense models, yet small enough that weight and KV
@@ -130,25 +159,32 @@ MAX_SIZES = {
 MAX_PARAMS = 1 << 45  # weights of one model: some 35 trillion, far past any dense model built
 
 
-def check_model_config(cfg: dict[str, Any], name: str, moe: bool = False) -> None:
+def check_model_config(cfg: dict[str, Any], name: str, moe: bool = False, mla: bool = False) -> None:
     """The shape fields the engine and the cost models rely on, checked once for both: a dense
-    Llama/Qwen2/Qwen3 (or Mistral) model type, or where `moe` (the engine) a Qwen3-MoE or Mixtral one;
-    positive integer sizes, KV heads that divide the heads, top-k within the experts. Raises ValueError
-    naming the config and the field."""
+    Llama/Qwen2/Qwen3 (or Mistral) model type; where `moe` a Qwen3-MoE or Mixtral one, where `mla` (the
+    cost models) DeepSeek-V3; positive integer sizes, KV heads that divide the heads, top-k within the
+    experts. Raises ValueError naming the config and the field."""
     kind = str(cfg.get("model_type") or "")
     # Qwen3-MoE's config.json says num_experts (transformers 5 writes num_local_experts, as Mixtral's does).
-    experts = cfg.get("num_experts") or cfg.get("num_local_experts")
-    if not (kind in DENSE_TYPES and not (cfg.get("num_experts") or cfg.get("num_local_experts"))
-            or moe and kind in MOE_TYPES):
-        what = f"dense {', '.join(DENSE_TYPES)} shapes" + (f" and {', '.join(MOE_TYPES)} ones" if moe else "")
+    experts = cfg.get("num_experts") or cfg.get("num_local_experts") or cfg.get("n_routed_experts")
+    if not (kind in DENSE_TYPES and not experts or moe and kind in MOE_TYPES or mla and kind in MLA_TYPES):
+        kinds = [*(MOE_TYPES if moe else ()), *(MLA_TYPES if mla else ())]
+        what = f"dense {', '.join(DENSE_TYPES)} shapes" + (f" and {', '.join(kinds)} ones" if kinds else "")
         raise ValueError(f"model config {name!r}: model_type {kind or 'missing'!r} is not supported; {what} are")
-    if kind in MOE_TYPES:
+    if kind in MOE_TYPES or kind in MLA_TYPES:
         top_k = cfg.get("num_experts_per_tok")
-        for key, value in (("num_experts", experts), ("num_experts_per_tok", top_k)):
+        key = "n_routed_experts" if kind in MLA_TYPES else "num_experts"
+        for field, value in ((key, experts), ("num_experts_per_tok", top_k)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"model config {name!r}: {key} must be a positive integer, got {value!r}")
+                raise ValueError(f"model config {name!r}: {field} must be a positive integer, got {value!r}")
         if isinstance(top_k, int) and isinstance(experts, int) and top_k > experts:
             raise ValueError(f"model config {name!r}: num_experts_per_tok {top_k} is more than the {experts} experts")
+    if kind in MLA_TYPES:
+        for field in _MLA_FIELDS:
+            value = cfg.get(field)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1 or value > MAX_SIZES["head_dim"]:
+                raise ValueError(f"model config {name!r}: {field} must be a positive integer up to "
+                                 f"{MAX_SIZES['head_dim']}, got {value!r}")
     missing = [k for k in _POSITIVE if k not in cfg]
     if missing:
         raise ValueError(f"model config {name!r}: missing {', '.join(missing)}")
@@ -178,7 +214,7 @@ def _weight_count(cfg: dict[str, Any]) -> int:
     nkv = cfg.get("num_key_value_heads") or nh
     hd = cfg.get("head_dim") or h // nh
     inter = cfg.get("intermediate_size") or 4 * h
-    experts = cfg.get("num_experts") or cfg.get("num_local_experts") or 0
+    experts = cfg.get("num_experts") or cfg.get("num_local_experts") or cfg.get("n_routed_experts") or 0
     width = cfg.get("moe_intermediate_size") or inter  # Mixtral's experts are intermediate_size wide
     mlp = experts * (3 * h * width + h) if experts else 3 * h * inter
     layer = 2 * h * nh * hd + 2 * h * nkv * hd + mlp

@@ -21,7 +21,7 @@ from __future__ import annotations
 import heapq
 import math
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Generator, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -34,8 +34,9 @@ from engine.core.request import Request
 from engine.core.sched_output import SchedulerOutput
 from engine.core.step_cycle import StepCost, StepTimes
 from sim.core.headroom import Headroom, HeadroomReport
+from sim.core.data_parallel import DataParallelEngine
 from sim.core.replica import Replica
-from sim.core.routers import Router, make_router
+from sim.core.routers import Router, ReplicaView, make_router
 from sim.core.sources import SimRequest, make_request
 from sim.core.stepping import SimulationError, fewer_collections
 from sim.cost_models.base import CostModel
@@ -117,6 +118,21 @@ class _NumberedAcross:
         return self.recorder.on_step(self.cluster.num_steps, so, outputs, times, cost)
 
 
+class Engine(ReplicaView, Protocol):
+    """What the event loop drives: one engine replica, or one data-parallel engine over several."""
+
+    inbox: list[tuple[Request, SimRequest]]
+    idle: bool
+    stepping: bool
+    policy: Generator[float | None, float, None]
+
+    def finish_step(self) -> None: ...
+
+    def rewind(self, t: float) -> None: ...
+
+    def release(self) -> None: ...
+
+
 class RunWatch(Protocol):
     """What may stop a run once its verdict is known: told of each request as it ends, and asked about
     the ones still in flight every `interval` simulated seconds (None: never)."""
@@ -153,10 +169,13 @@ class Cluster:
                  meta: dict[str, Any] | None = None, seed: int = 0, vocab_size: int = 32000,
                  trace_level: str = "full", decode_runs: bool = True, overwrite: bool = False,
                  follow_recorded: bool = False, snapshot_every: int | None = None, flush_every: int = 1024,
-                 keep_requests: bool = True, headroom_block_sizes: tuple[int, ...] | None = None) -> None:
+                 keep_requests: bool = True, headroom_block_sizes: tuple[int, ...] | None = None,
+                 data_parallel_size: int = 1, pad_across_ranks: bool = True) -> None:
         if num_replicas < 1:
             raise ValueError(f"replicas: must be >= 1, got {num_replicas}")
-        if follow_recorded and num_replicas > 1:
+        if data_parallel_size < 1:
+            raise ValueError(f"--data-parallel-size: must be >= 1, got {data_parallel_size}")
+        if follow_recorded and num_replicas * data_parallel_size > 1:
             raise ValueError("a recorded replay follows one engine's steps: it runs on one replica")
         self.now = 0.0
         self.num_added = 0
@@ -170,19 +189,24 @@ class Cluster:
         step_start = cost_model.step_start if follow_recorded else None
         # How the engine takes in arrivals when idle (calibrated profiles measure it); not in recorded replays.
         intake = cost_model.intake if step_start is None else None
-        self.replicas = [Replica(i, self, scheduler_config, cache_config, seed, vocab_size, step_start, intake,
-                                 keep_requests) for i in range(num_replicas)]
+        dp = data_parallel_size
+        # Every engine core (a data-parallel rank is one) is a replica: its own scheduler, KV cache and trace rows.
+        self.replicas = [Replica(i, self, scheduler_config, cache_config, seed, vocab_size, step_start,
+                                 intake if dp == 1 else None, keep_requests) for i in range(num_replicas * dp)]
+        # What the router sends requests to: a replica, or the data-parallel engine over `dp` of them.
+        self.engines: list[Engine] = list(self.replicas) if dp == 1 else [
+            DataParallelEngine(g, self, self.replicas[g * dp:(g + 1) * dp], pad_across_ranks) for g in range(num_replicas)]
         if headroom_block_sizes is not None:  # how near the run came to its limits (sim.core.headroom)
             for r in self.replicas:
                 r.headroom = Headroom(headroom_block_sizes)
         self.trace_dir = Path(trace_dir) if trace_dir is not None else None
         self.writer: TraceWriter | None = None
         # Several replicas number their steps cluster-wide, in the order they end; one numbers its own.
-        self.numbers_steps = self.trace_dir is not None and num_replicas > 1
+        self.numbers_steps = self.trace_dir is not None and len(self.replicas) > 1
         if self.trace_dir is not None:
             self._open_trace(self.trace_dir, scheduler_config, cache_config, meta, seed, trace_level, overwrite,
                              snapshot_every, flush_every)
-        runs = decode_runs and not scheduler_config.async_scheduling and step_start is None
+        runs = decode_runs and not scheduler_config.async_scheduling and step_start is None and dp == 1
         if runs and not self.numbers_steps:
             for r in self.replicas:
                 r.take_runs()
@@ -224,9 +248,9 @@ class Cluster:
         """Free the run's replicas now (`Replica.release`), its result read: a capacity plan simulates
         hundreds of runs in one process, and left to the garbage collector each run's pools and requests
         cost it passes over everything alive."""
-        for r in self.replicas:
-            r.release()
-        self.replicas = []
+        for e in self.engines:
+            e.release()
+        self.replicas, self.engines = [], []
 
     def ended(self, req: Request) -> None:
         """A request ended (finished, rejected): the watch may have its verdict, the progress bar moves."""
@@ -293,7 +317,7 @@ class Cluster:
     def _loop(self, stream: Iterator[SimRequest]) -> None:
         """The one event loop: a replica's step ends first (its outputs applied), then what arrives at
         that instant is routed, then the replicas due then or handed a request go on with their policy."""
-        replicas, route, block_size = self.replicas, self.router.route, self.block_size
+        replicas, route, block_size = self.engines, self.router.route, self.block_size
         events: list[tuple[float, int]] = []
         nxt = next(stream, None)
         self.next_arrival = nxt.add_time if nxt is not None else None
@@ -308,18 +332,18 @@ class Cluster:
             t_end = events[0][0] if events else inf
             t = t_arrival if t_arrival < t_end else t_end
             if self.stopped:  # the steps of runs that end after now had not ended step by step: take them back
-                for r in replicas:
-                    r.rewind(self.now)
+                for e in replicas:
+                    e.rewind(self.now)
                 return
             if t == inf:
                 break
             if next_look <= t and watch is not None and interval is not None:  # the watch's look at requests in flight, on its own clock: runs or not, the same
                 self.now = next_look
-                self.stopped |= watch.in_flight(next_look, (q for r in replicas for q in r.live.values()))
+                self.stopped |= watch.in_flight(next_look, (q for r in self.replicas for q in r.live.values()))
                 next_look += interval
                 continue
             self.now = t
-            due: list[Replica] = []
+            due: list[Engine] = []
             while events and events[0][0] <= t:
                 r = replicas[heapq.heappop(events)[1]]
                 if r.stepping:
@@ -337,10 +361,10 @@ class Cluster:
             for r in due:
                 self._resume(r, t, events)
 
-        stuck = [r for r in replicas if r.scheduler.waiting or r.scheduler.running]
+        stuck = [r for r in self.replicas if r.scheduler.waiting or r.scheduler.running]
         if stuck:
             r = stuck[0]
-            where = f"replica {r.index} " if len(replicas) > 1 else ""
+            where = f"replica {r.index} " if len(self.replicas) > 1 else ""
             raise SimulationError(f"{where}stalled at step {r.num_steps} ({r.now:.3f} s): {len(r.scheduler.waiting)} "
                                   "waiting request(s) can never be scheduled with this KV cache")
 
@@ -358,7 +382,7 @@ class Cluster:
         return pd.DataFrame(rows, columns=list(REQUEST_METRIC_COLUMNS))
 
     @staticmethod
-    def _resume(r: Replica, t: float | None, events: list[tuple[float, int]]) -> None:
+    def _resume(r: Engine, t: float | None, events: list[tuple[float, int]]) -> None:
         """Let a replica's policy go on at `t` until it waits again: for a time (an event), or for a request."""
         wait = next(r.policy) if t is None else r.policy.send(t)
         if wait is not None:

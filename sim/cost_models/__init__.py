@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sim.cost_models.base import CostModel
+from sim.cost_models.deployment import Deployment
 
 if TYPE_CHECKING:
     from traces import Trace
@@ -28,18 +29,19 @@ def _missing(name: str, e: ImportError) -> CostModelError:
 
 def get_cost_model(name_or_path: str, source_trace: Trace | None = None, model: str | dict | None = None,
                    hardware: str | None = None, profile: str | Path | None = None,
-                   residual_seed: int | None = None, tensor_parallel_size: int = 1,
+                   residual_seed: int | None = None, deployment: Deployment | None = None,
                    async_scheduling: bool = True, vllm_version: str | None = None) -> CostModel:
     """Build a cost model. `source_trace` is the loaded trace a replay comes from (needed by
     `recorded`); `model` a preset name, config.json or HF config dict and `hardware` a name or FILE.yaml
     (roofline, bundle, aiconfigurator; None: DEFAULT_HARDWARE, or a bundle's own GPU); `profile` a PROFILE.json (calibrated, or measured rates for
     roofline); `residual_seed` (calibrated) draws one sampled replay of the measured residuals instead of
     the expected step times. The per-kernel models add host time per step only without async scheduling;
-    `vllm_version` (of an imported run) prices all-reduces as that version's were measured."""
+    `vllm_version` (of an imported run) prices all-reduces as that version's were measured; `deployment`
+    the parallel layout and dtypes (default: one GPU, the model's dtype)."""
     name = str(name_or_path)
-    tp = tensor_parallel_size
-    if name != "roofline" and tp != 1 and (name in ("recorded", "calibrated") or name.endswith(".json")):
-        raise CostModelError(f"--tensor-parallel-size {tp}: the {name} cost model measured one device; use "
+    deployment = deployment or Deployment()
+    if name != "roofline" and deployment != Deployment() and (name in ("recorded", "calibrated") or name.endswith(".json")):
+        raise CostModelError(f"{_flags(deployment)}: the {name} cost model measured one device as it ran; use "
                              "roofline, a profile bundle or aiconfigurator")
     if name == "recorded":
         if source_trace is None:
@@ -58,16 +60,17 @@ def get_cost_model(name_or_path: str, source_trace: Trace | None = None, model: 
             raise _missing(name, e) from None
         if model is None:
             raise CostModelError("--cost-model roofline: needs --model (a preset such as llama-3.1-8b)")
-        return RooflineCostModel.from_args(model=model, hardware=hardware or DEFAULT_HARDWARE, profile=profile, tp=tp,
-                                           async_scheduling=async_scheduling, vllm_version=vllm_version)
+        return RooflineCostModel.from_args(model=model, hardware=hardware or DEFAULT_HARDWARE, profile=profile,
+                                           deployment=deployment, async_scheduling=async_scheduling,
+                                           vllm_version=vllm_version)
     if name == "aiconfigurator":
         from sim.cost_models.kernel_models import aiconfigurator_model
 
-        return aiconfigurator_model(model, hardware or DEFAULT_HARDWARE, tp, async_scheduling, vllm_version)
+        return aiconfigurator_model(model, hardware or DEFAULT_HARDWARE, deployment, async_scheduling, vllm_version)
     if Path(name).is_dir():
         from sim.cost_models.kernel_models import bundle_model
 
-        return bundle_model(Path(name), model, hardware, tp, async_scheduling, vllm_version)
+        return bundle_model(Path(name), model, hardware, deployment, async_scheduling, vllm_version)
     if name == "calibrated" or name.endswith(".json") or Path(name).is_file():
         path = profile if name == "calibrated" else name
         if path is None:
@@ -81,6 +84,16 @@ def get_cost_model(name_or_path: str, source_trace: Trace | None = None, model: 
         return CalibratedCostModel.load(path, seed=residual_seed)
     raise CostModelError(f"--cost-model: unknown cost model {name!r} (expected one of {', '.join(COST_MODELS)} "
                          ", a PROFILE.json path or a kernel-profile bundle directory)")
+
+
+def _flags(deployment: Deployment) -> str:
+    """The flags that set `deployment` apart from one GPU at the model's dtype, as typed."""
+    d, plain = deployment, Deployment()
+    flags = [f"{flag} {value}" for flag, value, default in (
+        ("--tensor-parallel-size", d.tensor_parallel_size, 1), ("--data-parallel-size", d.data_parallel_size, 1),
+        ("--kv-cache-dtype", d.kv_cache_dtype, "auto"), ("--quantization", d.quantization, None),
+        ("--routing", d.routing, plain.routing)) if value != default]
+    return " ".join(flags + (["--enable-expert-parallel"] if d.enable_expert_parallel else []))
 
 
 __all__ = ["COST_MODELS", "DEFAULT_HARDWARE", "DEFAULT_MODEL", "CostModel", "CostModelError", "get_cost_model"]

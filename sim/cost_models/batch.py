@@ -35,6 +35,10 @@ class StepBatch:
     prefill_chunks: list[tuple[int, int]] = field(default_factory=list, compare=False)
     decode_context_min: int = field(default=0, compare=False)
     decode_context_max: int = field(default=0, compare=False)
+    # Data parallelism: the tokens every rank of the group sends through the shared MoE layers, and the
+    # count this rank's kernels are padded to (vLLM pads each rank to the group's largest); 0: its own.
+    moe_tokens: int = field(default=0, compare=False)
+    padded_tokens: int = field(default=0, compare=False)
 
     @property
     def num_tokens(self) -> int:

@@ -21,6 +21,7 @@ TERA = 1e12
 GB = 1e9
 MAX_HARDWARE_FILE_BYTES = 1 << 16
 FIT_FILE = Path(__file__).with_name("data") / "roofline_fit.json"
+FP8_FAMILIES = ("ada", "hopper", "blackwell", "blackwell-rtx")
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +63,12 @@ class Hardware:
     @property
     def effective_flops(self) -> float:
         return self.peak_flops * self.mfu_eff
+
+    @property
+    def fp8_speedup(self) -> float:
+        """FP8 peak over bf16 peak: twice on GPUs with FP8 tensor cores (Ada, Hopper, Blackwell); 1 elsewhere,
+        where vLLM runs fp8 checkpoints as weight-only (the bytes halve, the math does not)."""
+        return 2.0 if self.family in FP8_FAMILIES else 1.0
 
     @property
     def effective_bandwidth(self) -> float:

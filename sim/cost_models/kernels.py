@@ -6,6 +6,12 @@ projection, the gated MLP (gate_up, activation, down), then the final norm, the 
 sequence's last token and the sampler. Under tensor parallelism each rank runs the same kernels on its
 shard, and two all-reduces per layer (after o_proj and after down_proj) join the ranks.
 
+A mixture of experts replaces the MLP of its sparse layers by one fused MoE block, whose time follows the
+tokens it routes and how many distinct experts they activate on the rank (sim.cost_models.routing).
+Under data parallelism the sparse layers are shared by every rank: each all-gathers the hidden states of
+all data-parallel ranks' tokens before its experts and reduce-scatters them after (vLLM's all-gather /
+reduce-scatter dispatch), so its MoE block runs on the group's tokens while attention runs on its own.
+
 Where the kernel times come from is the `KernelTimes` seam: a measured profile bundle
 (`sim.cost_models.profile_bundle`), AIConfigurator's measured databases (`sim.cost_models.aiconfigurator`)
 or the per-kernel roofline (`sim.cost_models.roofline`). Each answers for one rank, at the rank's shapes.
@@ -19,11 +25,14 @@ from sim.cost_models.batch import StepBatch
 from sim.cost_models.base import CostModelDefaults, CostModelInfo, StepTiming
 from sim.cost_models.hardware import Hardware
 from sim.cost_models.model_shape import ModelShape, rank_shape
+from sim.cost_models.routing import Balanced, RoutingModel
 
-# The ops of one decoder layer, with how many times a layer calls each.
-LAYER_OPS: tuple[tuple[str, int], ...] = (
-    ("layernorm", 2), ("qkv_proj", 1), ("qk_norm", 1), ("rotary_emb", 1), ("o_proj", 1),
-    ("gate_up_proj", 1), ("act_fn", 1), ("down_proj", 1))
+# The ops of one decoder layer, with how many times a layer calls each: attention's side, then the MLP's
+# (a sparse layer runs the fused MoE block instead).
+ATTENTION_OPS: tuple[tuple[str, int], ...] = (
+    ("layernorm", 2), ("qkv_proj", 1), ("qk_norm", 1), ("rotary_emb", 1), ("o_proj", 1))
+MLP_OPS: tuple[tuple[str, int], ...] = (("gate_up_proj", 1), ("act_fn", 1), ("down_proj", 1))
+LAYER_OPS: tuple[tuple[str, int], ...] = ATTENTION_OPS + MLP_OPS
 # Ops run once per step, on every scheduled token.
 STEP_OPS: tuple[str, ...] = ("embedding", "final_layernorm")
 # Ops run once per step on each sequence's last token (a prefill chunk that samples nothing still pays).
@@ -41,6 +50,18 @@ class AttentionShape:
     kv_prefill: int = 0
     n_decode: int = 0
     kv_decode: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class MoeCall:
+    """One sparse layer's fused MoE block on one rank: `tokens` enter it (every data-parallel rank's under
+    data parallelism), the rank runs `activated` distinct experts on `share` of the routed (token, expert)
+    pairs, and each of its experts is 1/`width_split` of the model's width (expert tensor parallelism)."""
+
+    tokens: int
+    activated: float
+    share: float = 1.0
+    width_split: int = 1
 
 
 class KernelTimes(Protocol):
@@ -71,6 +92,11 @@ class KernelTimes(Protocol):
         """A measured all-reduce of `nbytes` over `tp` GPUs, or None: priced from the hardware's link."""
         ...
 
+    def moe(self, call: MoeCall) -> float:
+        """One sparse layer's fused MoE block (router and routed experts; shared experts where the model has
+        them); raises ValueError where the source measured none."""
+        ...
+
     def describe(self) -> dict[str, Any]: ...
 
 
@@ -97,16 +123,21 @@ class KernelSumCostModel(CostModelDefaults):
     scheduling prepares step k+1 while step k runs, so the device's time is the step's."""
 
     def __init__(self, name: str, timer: KernelTimes, shape: ModelShape, hardware: Hardware, tp: int = 1,
-                 async_scheduling: bool = True) -> None:
+                 async_scheduling: bool = True, dp: int = 1, expert_parallel: bool = False,
+                 routing: RoutingModel | None = None) -> None:
         self.name = name
         self.timer = timer
         self.shape = shape
-        self.rank = rank_shape(shape, tp)
+        self.rank = rank_shape(shape, tp, dp, expert_parallel)
         self.hardware = hardware
         self.tp = tp
+        self.dp = dp
+        self.expert_parallel = expert_parallel and shape.is_moe
+        self.routing = routing or Balanced()
         self.async_scheduling = async_scheduling
-        self._layer_ops = tuple((op, calls) for op, calls in LAYER_OPS if op != "qk_norm" or self.rank.qk_norm)
-        self._fixed_cache: dict[tuple[int, int], tuple[float, bool]] = {}
+        self._attention_ops = tuple((op, calls) for op, calls in ATTENTION_OPS if op != "qk_norm" or self.rank.qk_norm)
+        self._dense_layers = shape.num_layers - shape.num_moe_layers
+        self._fixed_cache: dict[tuple[int, int, int], tuple[float, bool]] = {}
         self._floor = timer.attention(AttentionShape(1, 0, 0, 0))
         self.num_steps = 0
         self.steps_outside = 0
@@ -116,22 +147,45 @@ class KernelSumCostModel(CostModelDefaults):
         """The model's context length: the simulator's default --max-model-len for workload runs."""
         return self.shape.max_positions or None
 
-    def _fixed(self, tokens: int, seqs: int) -> tuple[float, bool]:
-        """Seconds of every kernel but attention (the token-proportional ones and their all-reduces, the LM
-        head, sampler and logits gather) and whether all were inside the measured grid: they depend on the
-        step's token and sequence counts alone, which recur (every decode batch of one size), so kept."""
-        hit = self._fixed_cache.get((tokens, seqs))
+    def _fixed(self, tokens: int, seqs: int, moe_tokens: int = 0) -> tuple[float, bool]:
+        """Seconds of every kernel but attention (the token-proportional ones and their all-reduces, the
+        sparse layers' MoE blocks on `moe_tokens` (0: `tokens`), the LM head, sampler and logits gather) and
+        whether all were inside the measured grid: they depend on the step's token and sequence counts
+        alone, which recur (every decode batch of one size), so kept."""
+        key = (tokens, seqs, moe_tokens)
+        hit = self._fixed_cache.get(key)
         if hit is not None:
             return hit
         before = self.timer.outside
-        t = self.timer
-        layer = sum(calls * t.dense(op, tokens) for op, calls in self._layer_ops)
-        total = self.shape.num_layers * layer + sum(t.dense(op, tokens) for op in STEP_OPS)
-        total += (2 * self.shape.num_layers + 1) * self.all_reduce(tokens)
+        t, shape = self.timer, self.shape
+        attention_side = sum(calls * t.dense(op, tokens) for op, calls in self._attention_ops)
+        mlp = sum(calls * t.dense(op, tokens) for op, calls in MLP_OPS)
+        total = shape.num_layers * attention_side + self._dense_layers * mlp + sum(t.dense(op, tokens) for op in STEP_OPS)
+        if shape.is_moe:
+            total += shape.num_moe_layers * self.moe_layer(moe_tokens or tokens)
+        total += (2 * shape.num_layers + 1) * self.all_reduce(tokens)
         total += sum(t.per_sequence(op, seqs) for op in SEQUENCE_OPS)
-        total += self.hardware.gather_time(seqs * self.rank.vocab * self.shape.dtype_bytes, self.tp)
-        hit = self._fixed_cache[(tokens, seqs)] = (total, self.timer.outside == before)
+        total += self.hardware.gather_time(seqs * self.rank.vocab * shape.dtype_bytes, self.tp)
+        hit = self._fixed_cache[key] = (total, self.timer.outside == before)
         return hit
+
+    def moe_call(self, tokens: int) -> MoeCall:
+        """What one rank's MoE block runs when `tokens` enter it: under expert parallelism the rank's
+        experts and its share of the routed pairs (the busiest rank's, which the others wait for), else
+        every expert at its slice of the width."""
+        shape, ranks = self.shape, self.tp * self.dp
+        ep = ranks if self.expert_parallel else 1
+        activated, share = self.routing.rank_load(tokens, shape.router_experts, shape.top_k, ep)
+        return MoeCall(tokens, activated, share, 1 if self.expert_parallel else ranks)
+
+    def moe_layer(self, tokens: int) -> float:
+        """One sparse layer's MoE block on `tokens` tokens, and under data parallelism the all-gather of
+        the group's hidden states before it and the reduce-scatter after."""
+        time = self.timer.moe(self.moe_call(tokens))
+        if self.dp > 1:
+            piece = tokens / self.dp * self.shape.hidden * self.shape.dtype_bytes
+            time += 2 * self.hardware.gather_time(piece, self.tp * self.dp)
+        return time
 
     def all_reduce(self, tokens: int) -> float:
         """One all-reduce of the hidden states of `tokens` tokens across the ranks (0 on one GPU): measured
@@ -160,7 +214,8 @@ class KernelSumCostModel(CostModelDefaults):
         if tokens == 0:
             return 0.0
         before = self.timer.outside
-        fixed, inside = self._fixed(tokens, batch.num_prefill_seqs + batch.num_decode_seqs)
+        fixed, inside = self._fixed(max(tokens, batch.padded_tokens), batch.num_prefill_seqs + batch.num_decode_seqs,
+                                    batch.moe_tokens)
         return self._counted(fixed + self.shape.num_layers * self._attention(batch), inside, before)
 
     def _counted(self, time: float, inside: bool, outside_before: int) -> float:
@@ -183,14 +238,17 @@ class KernelSumCostModel(CostModelDefaults):
 
     def breakdown(self, batch: StepBatch) -> dict[str, float]:
         """Seconds per kernel kind for one step (all layers), for reports and tests."""
-        tokens, seqs = batch.num_tokens, batch.num_seqs
-        t, layers = self.timer, self.shape.num_layers
-        out = {op: layers * calls * t.dense(op, tokens) for op, calls in self._layer_ops}
+        tokens, seqs = max(batch.num_tokens, batch.padded_tokens), batch.num_seqs
+        t, shape = self.timer, self.shape
+        out = {op: shape.num_layers * calls * t.dense(op, tokens) for op, calls in self._attention_ops}
+        out.update({op: self._dense_layers * calls * t.dense(op, tokens) for op, calls in MLP_OPS})
         out.update({op: t.dense(op, tokens) for op in STEP_OPS})
-        out["attention"] = layers * self._attention(batch)
+        if shape.is_moe:
+            out["moe"] = shape.num_moe_layers * self.moe_layer(batch.moe_tokens or tokens)
+        out["attention"] = shape.num_layers * self._attention(batch)
         out.update({op: t.per_sequence(op, seqs) for op in SEQUENCE_OPS})
-        out["all_reduce"] = (2 * layers + 1) * self.all_reduce(tokens)
-        out["logits_gather"] = self.hardware.gather_time(seqs * self.rank.vocab * self.shape.dtype_bytes, self.tp)
+        out["all_reduce"] = (2 * shape.num_layers + 1) * self.all_reduce(tokens)
+        out["logits_gather"] = self.hardware.gather_time(seqs * self.rank.vocab * shape.dtype_bytes, self.tp)
         out["host"] = 0.0 if self.async_scheduling else self.host_time(seqs)
         return out
 
@@ -212,7 +270,8 @@ class KernelSumCostModel(CostModelDefaults):
         return CostModelInfo(name=self.name, model=self.shape.name, hardware=self.hardware.name, meta={
             "name": self.name, "source": self.timer.source, "kernels": self.timer.describe(),
             "model": self.shape.describe(), "hardware": self.hardware.to_dict(), "tensor_parallel_size": self.tp,
-            "async_scheduling": self.async_scheduling})
+            "data_parallel_size": self.dp, "enable_expert_parallel": self.expert_parallel,
+            "routing": self.routing.name if self.shape.is_moe else None, "async_scheduling": self.async_scheduling})
 
 
 RUNTIME_RESERVE_BYTES = 512 << 20
@@ -227,7 +286,8 @@ def kv_blocks(rank: ModelShape, hardware: Hardware, block_size: int, gpu_memory_
     else:
         if hardware.memory_bytes is None:
             raise ValueError(f"hardware {hardware.name} has no memory size: pass --num-gpu-blocks-override")
-        activations = max_num_batched_tokens * (4 * rank.hidden + 2 * rank.intermediate) * rank.dtype_bytes
+        width = max(rank.intermediate, rank.top_k * rank.moe_intermediate) if rank.is_moe else rank.intermediate
+        activations = max_num_batched_tokens * (4 * rank.hidden + 2 * width) * rank.dtype_bytes
         available = (hardware.memory_bytes * gpu_memory_utilization - rank.weight_bytes - activations
                      - RUNTIME_RESERVE_BYTES)
     blocks = int(available // (block_size * rank.kv_bytes_per_token))

@@ -4,6 +4,9 @@
 attention call of a mixed batch), `per_sequence.csv` (`layer,sequences,time_us`: LM head, sampler) and
 `skew_fit.csv` (how much of the gap between attention at the decodes' mean and at their longest context
 an uneven batch pays). Each `tp<N>` table is one rank's kernels at that degree, without communication.
+A mixture of experts adds `tp1/moe.csv` (`tokens,activated_experts,time_us`: one layer's fused MoE block,
+router included, on one GPU holding every expert). A table that `meta.yaml` marks as not run
+(`skew_fit: {enabled: false}`) is left out, with a note.
 
 Between grid points times are interpolated linearly in log-log space (kernel times follow power laws
 piecewise); beyond the grid, dense and per-sequence times grow in proportion to the tokens, attention is
@@ -19,13 +22,14 @@ from pathlib import Path
 from typing import Any
 
 from engine.core.bounded_read import read_mapping
-from sim.cost_models.kernels import AttentionShape
+from sim.cost_models.kernels import AttentionShape, MoeCall
 
 MAX_TABLE_BYTES = 64 << 20
 MAX_META_BYTES = 1 << 20
 _DENSE_COLUMNS = ("layer", "tokens", "time_us")
 _ATTENTION_COLUMNS = ("prefill_chunk", "kv_prefill", "n_decode", "kv_decode", "time_us")
 _SKEW_COLUMNS = ("pc", "n_label", "skew_rate_label", "kv_big_label", "kp_label", "alpha")
+_MOE_COLUMNS = ("tokens", "activated_experts", "time_us")
 
 
 class BundleError(ValueError):
@@ -169,14 +173,35 @@ class ProfileKernels:
         if not rows:
             raise BundleError(f"{path}: no rows")
         self.grid = GridTree(rows)
+        self.notes: list[str] = []
         self._skew = self._read_skew(d / "skew_fit.csv")
+        self._moe = self._read_moe(self.bundle / "tp1" / "moe.csv")
         self.outside = 0
         self.source = f"profile bundle {self.bundle}"
 
-    def _read_skew(self, path: Path) -> dict[tuple, float] | None:
+    def _read_moe(self, path: Path) -> list[tuple[float, Curve]] | None:
+        """moe.csv as one token curve per count of activated experts, ascending."""
         if not path.is_file():
             return None
+        points: dict[int, dict[int, float]] = {}
+        for i, r in enumerate(_read_csv(path, _MOE_COLUMNS), start=2):
+            tokens = int(_number(path, i, "tokens", r["tokens"], True))
+            experts = int(_number(path, i, "activated_experts", r["activated_experts"], True))
+            if experts < 1:
+                raise BundleError(f"{path}: row {i}: activated_experts must be > 0, got {experts}")
+            points.setdefault(experts, {})[tokens] = _number(path, i, "time_us", r["time_us"], False) * 1e-6
+        if not points:
+            raise BundleError(f"{path}: no rows")
+        return [(float(a), Curve(sorted(p), [math.log(p[x]) for x in sorted(p)])) for a, p in sorted(points.items())]
+
+    def _read_skew(self, path: Path) -> dict[tuple, float] | None:
         fit = (self.meta.get("skew_fit") or {})
+        if fit.get("enabled") is False:
+            self.notes.append("meta.yaml marks skew_fit as not run: attention of decodes with uneven contexts is "
+                              "priced at their mean context")
+            return None
+        if not path.is_file():
+            return None
         per_tp = (fit.get("per_tp") or {}).get(self.tp) or (fit.get("per_tp") or {}).get(str(self.tp)) or {}
         self.alpha_default = float(per_tp.get("alpha_default") or 0.0)
         if not math.isfinite(self.alpha_default):
@@ -238,12 +263,38 @@ class ProfileKernels:
         """The bundles time each rank alone: communication is priced from the hardware's link."""
         return None
 
+    def moe(self, call: MoeCall) -> float:
+        """moe.csv at the pairs the rank computes (as `tokens x share` tokens of the profiled full block) and
+        its activated experts, interpolated in log-log space between the two measured expert counts around
+        it; below the fewest measured, time in proportion to the experts (each one's weights are the read);
+        an expert split `width_split` ways costs that share."""
+        if self._moe is None:
+            raise ValueError(f"{self.bundle}: no tp1/moe.csv, so this bundle cannot price a mixture of experts")
+        tokens, activated = max(call.tokens * call.share, 1e-9), max(call.activated, 1e-9)
+        levels = self._moe
+        i = bisect.bisect_left([a for a, _ in levels], activated)
+        if i == 0:
+            t, inside = levels[0][1].at(tokens)
+            t, inside = t * min(activated / levels[0][0], 1.0), inside and activated == levels[0][0]
+        elif i == len(levels):
+            t, inside = levels[-1][1].at(tokens)
+            t, inside = t * activated / levels[-1][0], False
+        else:
+            (a0, c0), (a1, c1) = levels[i - 1], levels[i]
+            t0, in0 = c0.at(tokens)
+            t1, in1 = c1.at(tokens)
+            w = (math.log(activated) - math.log(a0)) / (math.log(a1) - math.log(a0))
+            t, inside = math.exp(math.log(t0) + w * (math.log(t1) - math.log(t0))), in0 and in1
+        self.outside += not inside
+        return t / call.width_split
+
     def describe(self) -> dict[str, Any]:
         m = self.meta
         return {"bundle": str(self.bundle), "tp": self.tp, "gpu": m.get("gpu"), "hardware": m.get("hardware"),
                 "model": m.get("model"), "variant": m.get("variant"), "vllm_version": m.get("vllm_version"),
                 "profiled_at": str(m.get("profiled_at")), "enforce_eager": (m.get("engine_effective") or {}).get(
-                    "enforce_eager"), "max_tokens": max(c.xs[-1] for c in self.dense_curves.values())}
+                    "enforce_eager"), "max_tokens": max(c.xs[-1] for c in self.dense_curves.values()),
+                "moe_table": self._moe is not None, "notes": list(self.notes)}
 
 
 def read_bundle_meta(bundle: Path) -> dict[str, Any]:

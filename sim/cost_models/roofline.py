@@ -14,9 +14,11 @@ from typing import Any
 
 from sim.cost_models.base import CostModelInfo, DecodeStepTimes, StepTiming
 from sim.cost_models.batch import StepBatch, causal_pairs
+from sim.cost_models.deployment import Deployment
 from sim.cost_models.hardware import CALIBRATION_ONLY, Hardware, get_hardware, hardware_names
-from sim.cost_models.kernels import AttentionShape, KernelSumCostModel, kv_blocks, mean_context
+from sim.cost_models.kernels import AttentionShape, KernelSumCostModel, MoeCall, kv_blocks, mean_context
 from sim.cost_models.model_shape import DTYPE_BYTES, ModelShape, model_shape, rank_shape
+from sim.cost_models.routing import RoutingModel
 
 __all__ = ["DTYPE_BYTES", "ModelShape", "RooflineCostModel", "RooflineKernels", "effective_from_coefficients",
            "model_shape"]
@@ -47,9 +49,17 @@ class RooflineKernels:
         self._pointwise = {"layernorm": 4 * s.hidden * b, "final_layernorm": 2 * s.hidden * b,
                            "embedding": 2 * s.hidden * b, "rotary_emb": 2 * (s.q_size + s.kv_size) * b,
                            "qk_norm": 2 * (s.q_size + s.kv_size) * b, "act_fn": 3 * s.intermediate * b}
-        self._kv_bytes = 2 * s.kv_size * b  # one token's K and V in one layer
+        if s.is_mla:  # q (latent absorbed), the latent's down-projection, and the output projection
+            self._gemms["qkv_proj"] = (s.q_size + s.kv_size, s.hidden)
+            self._gemms["o_proj"] = (s.hidden, s.num_heads * s.v_head_dim)
+        kv_b = s.kv_dtype_bytes
+        self._kv_bytes = (1 if s.is_mla else 2) * s.kv_size * kv_b  # one token's K and V (MLA: latent) in one layer
         self._q_bytes = s.q_size * b  # one token's queries in one layer
-        self._pair_flops = 4.0 * s.num_heads * s.head_dim  # QK^T and PV of one query-key pair
+        # QK^T and PV of one query-key pair (MLA absorbed: scores over the latent and rope part, values the latent)
+        self._pair_flops = (2.0 * s.num_heads * (s.kv_size + s.kv_lora_rank) if s.is_mla
+                            else 4.0 * s.num_heads * s.head_dim)
+        self._weight_bytes = s.weight_dtype_bytes
+        self._flops_rate = self._flops * (hardware.fp8_speedup if s.quantization == "fp8" else 1.0)
         self._attn_half, self._attn_floor = hardware.attn_half, hardware.attn_floor
 
     def _kernel(self, flops: float, nbytes: float) -> float:
@@ -59,8 +69,28 @@ class RooflineKernels:
     def _pointwise_kernel(self, nbytes: float) -> float:
         return self.hw.kernel_floor + nbytes / self._pointwise_bw
 
-    def _gemm(self, m: int, n: int, k: int) -> float:
-        return self._kernel(2.0 * m * n * k, (n * k + m * k + m * n) * self.rank.dtype_bytes)
+    def _gemm(self, m: float, n: int, k: int) -> float:
+        """An (m x k) by (k x n) product: weights at their stored width (fp8: one byte, at the FP8 peak)."""
+        b = self.rank.dtype_bytes
+        flops, nbytes = 2.0 * m * n * k, n * k * self._weight_bytes + (m * k + m * n) * b
+        compute, memory = flops / self._flops_rate, nbytes / self._bw
+        return self.hw.kernel_floor + (compute if compute > memory else memory)
+
+    def moe(self, call: MoeCall) -> float:
+        """The router GEMM, then gate_up, activation and down over the routed pairs: each activated expert's
+        weights read once, FLOPs from the pairs this rank computes; shared experts as a dense MLP."""
+        s = self.rank
+        h, width, b = s.hidden, s.moe_intermediate, s.dtype_bytes
+        pairs = call.tokens * s.top_k * call.share
+        time = self._gemm(call.tokens, s.router_experts, h)
+        weights = call.activated * 3 * h * width * self._weight_bytes
+        flops = 2.0 * pairs * 3 * h * width
+        compute, memory = flops / self._flops_rate, (weights + pairs * (2 * h + 3 * width) * b) / self._bw
+        time += 3 * self.hw.kernel_floor + (compute if compute > memory else memory)
+        if s.shared_intermediate:
+            time += self._gemm(call.tokens, 2 * s.shared_intermediate, h) + self._gemm(call.tokens, h, s.shared_intermediate)
+            time += self._pointwise_kernel(call.tokens * 3 * s.shared_intermediate * b)
+        return time
 
     def dense(self, op: str, tokens: int) -> float:
         if op in self._gemms:
@@ -110,25 +140,29 @@ class RooflineCostModel(KernelSumCostModel):
     """The kernel sum over `RooflineKernels`."""
 
     def __init__(self, shape: ModelShape, hardware: Hardware, source: str = "datasheet", tp: int = 1,
-                 async_scheduling: bool = True, kv_cache_memory: int | None = None) -> None:
-        self.kernels = RooflineKernels(rank_shape(shape, tp), hardware)
-        super().__init__("roofline", self.kernels, shape, hardware, tp, async_scheduling)
+                 async_scheduling: bool = True, kv_cache_memory: int | None = None, dp: int = 1,
+                 expert_parallel: bool = False, routing: RoutingModel | None = None) -> None:
+        self.kernels = RooflineKernels(rank_shape(shape, tp, dp, expert_parallel), hardware)
+        super().__init__("roofline", self.kernels, shape, hardware, tp, async_scheduling, dp, expert_parallel, routing)
         self.source = source
         self.kv_cache_memory = kv_cache_memory
 
     @classmethod
     def from_args(cls, model: str | dict[str, Any] | None = None, hardware: str | None = None,
-                  profile: str | Path | None = None, dtype: str | None = None, tp: int = 1,
+                  profile: str | Path | None = None, dtype: str | None = None, deployment: Deployment | None = None,
                   async_scheduling: bool = True, vllm_version: str | None = None) -> RooflineCostModel:
         """Datasheet hardware by name (or FILE.yaml), or measured FLOP/s and bandwidth from a calibration
         profile (then `model` defaults to the profiled model, and a table `hardware` only supplies memory)."""
+        d = deployment or Deployment()
+        layout = {"tp": d.tensor_parallel_size, "dp": d.data_parallel_size, "expert_parallel": d.enable_expert_parallel,
+                  "routing": d.routing_model()}
         if profile is None:
             if hardware is None:
                 raise ValueError(f"roofline cost model: needs a hardware name; valid: {', '.join(hardware_names())}")
             if model is None:
                 raise ValueError("roofline cost model: needs a model (preset name, config.json or HF config)")
-            return cls(model_shape(model, dtype or "bfloat16"), get_hardware(hardware, vllm_version), tp=tp,
-                       async_scheduling=async_scheduling)
+            return cls(d.shape(model_shape(model, dtype or "bfloat16")), get_hardware(hardware, vllm_version),
+                       async_scheduling=async_scheduling, **layout)
         from sim.cost_models.profile import load_profile
 
         prof = load_profile(profile)
@@ -151,16 +185,16 @@ class RooflineCostModel(KernelSumCostModel):
         kv_memory = None
         if hw.memory_bytes is None and kv.get("num_blocks") and kv.get("bytes_per_block"):
             kv_memory = int(kv["num_blocks"]) * int(kv["bytes_per_block"])
-        shape = model_shape(ident["hf_config"] if model is None else model, dtype or prof_dtype)
+        shape = d.shape(model_shape(ident["hf_config"] if model is None else model, dtype or prof_dtype))
         if model is None:
             shape = replace(shape, name=ident.get("model") or shape.name)
-        return cls(shape, hw, f"calibration profile {profile}", tp=tp, async_scheduling=False,
-                   kv_cache_memory=kv_memory)
+        return cls(shape, hw, f"calibration profile {profile}", async_scheduling=False, kv_cache_memory=kv_memory,
+                   **layout)
 
     def step_time(self, batch: StepBatch, step: int) -> StepTiming:
         """A decode-only step is priced by `decode_step_times` (one step of a run); any other by the kernel sum."""
         n = batch.num_decode_seqs
-        if n and not batch.num_prefill_seqs and batch.num_decode_tokens == n:
+        if n and not batch.num_prefill_seqs and batch.num_decode_tokens == n and not batch.moe_tokens:
             one = self.decode_step_times(n, batch.context_tokens, 1)
             return StepTiming(one.device[0], one.host)
         return super().step_time(batch, step)

@@ -224,12 +224,19 @@ def read_llmservingsim_run(run_dir: Path, workload: str | None = None,
                       "earliest queued_ts; arrival = queued (the wall-clock arrival_time is on another clock)")
     entry["run"] = {k: meta[k] for k in ("started_at", "finished_at", "num_requests", "dataset_hash") if k in meta}
     out_meta = {"source": "vllm", "backend": "vllm", "vllm": {"version": meta["vllm_version"]}, "config": config,
-                "device": _device(run_dir), "import": entry}
+                "device": _device(run_dir, meta), "import": entry}
     return ImportedRun(requests, out_meta, wl)
 
 
-def _device(run_dir: Path) -> dict[str, Any]:
-    """The GPU named by the bundle's LLMServingSim cluster file (`config.json`), when it has one."""
+def _device(run_dir: Path, meta: dict[str, Any]) -> dict[str, Any]:
+    """The GPU the run recorded (meta's `hardware`: device name and count as torch saw them), else the one
+    named by the bundle's LLMServingSim cluster file (`config.json`), when it has one."""
+    hardware = meta.get("hardware")
+    if isinstance(hardware, dict) and isinstance(hardware.get("device_name"), str):
+        count = hardware.get("device_count")
+        return {"type": "cuda", "name": hardware["device_name"],
+                "count": count if isinstance(count, int) and not isinstance(count, bool) and count > 0 else None,
+                "memory_bytes": hardware.get("device_total_memory_bytes")}
     path = run_dir / "config.json"
     unknown: dict[str, Any] = {"type": None, "name": None}
     if not path.is_file():

@@ -75,8 +75,48 @@ KWARGS = {
     "distributed_executor_backend": ("parallel", "distributed_executor_backend"),
     "dtype": ("model", "dtype"),
     "kv_cache_dtype": ("model", "kv_cache_dtype"),
+    "quantization": ("model", "quantization"),
+    "enforce_eager": ("model", "enforce_eager"),
+    "load_format": ("model", "load_format"),
+    "kv_cache_memory_bytes": ("cache", "kv_cache_memory_bytes"),
+    "disable_custom_all_reduce": ("parallel", "disable_custom_all_reduce"),
     "seed": ("model", "seed"),
 }
+# What vLLM resolved at boot, where a run records it (LLMServingSim's runner: `resolved_config`, one object
+# per VllmConfig sub-config, and `kv_cache`, the cache vLLM allocated): (section, key) -> engine.core's
+# (section, field). Preferred over engine_kwargs and defaults: these are the values the engine ran with.
+RESOLVED = {
+    ("scheduler_config", "max_num_seqs"): ("scheduler", "max_num_seqs"),
+    ("scheduler_config", "max_num_batched_tokens"): ("scheduler", "max_num_batched_tokens"),
+    ("scheduler_config", "max_model_len"): ("scheduler", "max_model_len"),
+    ("scheduler_config", "enable_chunked_prefill"): ("scheduler", "enable_chunked_prefill"),
+    ("scheduler_config", "long_prefill_token_threshold"): ("scheduler", "long_prefill_token_threshold"),
+    ("scheduler_config", "policy"): ("scheduler", "policy"),
+    ("scheduler_config", "async_scheduling"): ("scheduler", "async_scheduling"),
+    ("scheduler_config", "scheduler_reserve_full_isl"): ("scheduler", "scheduler_reserve_full_isl"),
+    ("model_config", "max_model_len"): ("scheduler", "max_model_len"),
+    ("model_config", "dtype"): ("model", "dtype"),
+    ("model_config", "quantization"): ("model", "quantization"),
+    ("model_config", "enforce_eager"): ("model", "enforce_eager"),
+    ("cache_config", "block_size"): ("cache", "block_size"),
+    ("cache_config", "enable_prefix_caching"): ("cache", "enable_prefix_caching"),
+    ("cache_config", "gpu_memory_utilization"): ("cache", "gpu_memory_utilization"),
+    ("cache_config", "prefix_caching_hash_algo"): ("cache", "prefix_caching_hash_algo"),
+    ("cache_config", "cache_dtype"): ("model", "kv_cache_dtype"),
+    ("cache_config", "num_gpu_blocks"): ("cache", "num_gpu_blocks"),
+    ("parallel_config", "tensor_parallel_size"): ("parallel", "tensor_parallel_size"),
+    ("parallel_config", "pipeline_parallel_size"): ("parallel", "pipeline_parallel_size"),
+    ("parallel_config", "data_parallel_size"): ("parallel", "data_parallel_size"),
+    ("parallel_config", "enable_expert_parallel"): ("parallel", "enable_expert_parallel"),
+    ("kv_cache", "num_gpu_blocks"): ("cache", "num_gpu_blocks"),
+    ("kv_cache", "block_size"): ("cache", "block_size"),
+    ("kv_cache", "gpu_memory_utilization"): ("cache", "gpu_memory_utilization"),
+    ("kv_cache", "enable_prefix_caching"): ("cache", "enable_prefix_caching"),
+    ("kv_cache", "kv_cache_memory_bytes"): ("cache", "kv_cache_memory_bytes"),
+}
+# The front end's resolved num_gpu_blocks is the sum over its data-parallel engines
+# (vllm/v1/engine/core_client.py, "Sum num_gpu_blocks from all engines in DP case"); each engine's is 1/N.
+DP_BLOCKS_SUMMED = "vllm/v1/engine/core_client.py sums num_gpu_blocks over the data-parallel engines"
 
 
 def run_config(meta_path: Path, meta: dict[str, Any], hf_config: dict[str, Any] | None) -> tuple[dict, dict]:
@@ -100,6 +140,7 @@ def run_config(meta_path: Path, meta: dict[str, Any], hf_config: dict[str, Any] 
     if config["cache"].get("num_gpu_blocks_override") is not None:
         config["cache"]["num_gpu_blocks"] = config["cache"]["num_gpu_blocks_override"]
         recorded.append("cache.num_gpu_blocks")
+    resolved_from = _resolved(meta_path, meta, config, recorded)
     table_version = version if version in VLLM_DEFAULTS else DEFAULTS_VERSION
     source = f"vLLM {table_version} default" + ("" if table_version == version else f" (assumed for {version})")
     for section, defaults in VLLM_DEFAULTS[table_version].items():
@@ -127,18 +168,49 @@ def run_config(meta_path: Path, meta: dict[str, Any], hf_config: dict[str, Any] 
     if not config["parallel"]:
         del config["parallel"]
     check_run_config(meta_path, config)
-    entry = {"recorded": recorded, "inferred": inferred, "unknown": unknown, "vllm_defaults_of": table_version}
+    entry = {"recorded": recorded, "inferred": inferred, "unknown": unknown, "vllm_defaults_of": table_version,
+             "resolved_from": resolved_from}
     return config, entry
 
 
+def _resolved(meta_path: Path, meta: dict[str, Any], config: dict[str, dict[str, Any]], recorded: list[str]) -> dict[str, str]:
+    """What vLLM resolved (meta's `resolved_config` and `kv_cache`) over engine_kwargs: each value taken
+    says where from. A value a run could not serialize (a `<type>` tag) is left out."""
+    taken: dict[str, str] = {}
+    sections = {"resolved_config": meta.get("resolved_config") or {}, "kv_cache": meta.get("kv_cache") or {}}
+    for where, value in sections.items():
+        if not isinstance(value, dict):
+            raise WorkloadError(meta_path, where, "not an object")
+    for (part, key), (section, name) in RESOLVED.items():
+        holder = sections["resolved_config"].get(part) if part.endswith("_config") else sections[part]
+        if not isinstance(holder, dict) or holder.get(key) is None:
+            continue
+        value = holder[key]
+        if isinstance(value, str) and value.startswith("<"):
+            continue
+        if name == "dtype" and isinstance(value, str):
+            value = value.removeprefix("torch.")
+        if name == "num_gpu_blocks" and f"{section}.{name}" in taken:
+            continue  # resolved_config's and kv_cache's are the same number: keep the first read
+        config[section][name] = value
+        taken[f"{section}.{name}"] = f"{part}.{key}"
+        if f"{section}.{name}" not in recorded:
+            recorded.append(f"{section}.{name}")
+    blocks, dp = config["cache"].get("num_gpu_blocks"), config["parallel"].get("data_parallel_size") or 1
+    if "cache.num_gpu_blocks" in taken and isinstance(blocks, int) and isinstance(dp, int) and dp > 1:
+        config["cache"]["num_gpu_blocks"] = blocks // dp
+        taken["cache.num_gpu_blocks"] += f" / {dp} data-parallel engines ({DP_BLOCKS_SUMMED})"
+    return taken
+
+
 BOOL_FIELDS = ("enable_chunked_prefill", "async_scheduling", "scheduler_reserve_full_isl", "enable_prefix_caching",
-               "enable_expert_parallel")
+               "enable_expert_parallel", "enforce_eager", "disable_custom_all_reduce")
 # Integer engine arguments and the range a real run's can take (engine.core names); past it a number is
 # corrupt, and a replay would size tables by it. Lengths stop at 2^30 tokens, past any model's context.
 INT_BOUNDS: dict[str, tuple[int, int]] = {
     "max_num_seqs": (1, 1 << 20), "max_num_batched_tokens": (1, 1 << 30), "max_model_len": (1, 1 << 30),
     "long_prefill_token_threshold": (0, 1 << 30), "block_size": (1, 1 << 16),
-    "num_gpu_blocks_override": (2, 1 << 40), "num_gpu_blocks": (2, 1 << 40),
+    "num_gpu_blocks_override": (2, 1 << 40), "num_gpu_blocks": (2, 1 << 40), "kv_cache_memory_bytes": (1, 1 << 50),
     "tensor_parallel_size": (1, 1 << 16), "pipeline_parallel_size": (1, 1 << 16), "data_parallel_size": (1, 1 << 16),
     "seed": (0, (1 << 64) - 1),  # torch and numpy take 64-bit seeds
 }
@@ -151,7 +223,7 @@ def check_run_config(meta_path: Path, config: dict[str, dict[str, Any]]) -> None
 
     names = {name: key for key, (_, name) in KWARGS.items()}
     names["num_gpu_blocks"] = "num_gpu_blocks_override"
-    for section in ("scheduler", "cache", "parallel"):
+    for section in ("scheduler", "cache", "parallel", "model"):
         for name, value in config.get(section, {}).items():
             if name in BOOL_FIELDS and not isinstance(value, bool):
                 raise WorkloadError(meta_path, f"engine_kwargs.{names.get(name, name)}", f"{value!r} is not a boolean")

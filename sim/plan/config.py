@@ -14,11 +14,17 @@ from typing import Any
 
 from engine.core.config import CacheConfig, SchedulerConfig
 from sim.cost_models import DEFAULT_HARDWARE, DEFAULT_MODEL
+from sim.cost_models.deployment import Deployment
 from sim.flags import sim_flags
 
 DEFAULT_ROUTER = "least_outstanding"
 DEFAULT_MAX_MODEL_LEN = 32768
 _DEFAULT_BLOCK_SIZE = CacheConfig().block_size
+
+
+# Fields added after results files first shipped, with their defaults (left out of `to_dict` when default).
+LATER_FIELDS: dict[str, Any] = {"tensor_parallel_size": 1, "async_scheduling": None, "data_parallel_size": 1,
+                                "enable_expert_parallel": False, "kv_cache_dtype": "auto", "quantization": None}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -42,10 +48,20 @@ class PlanConfig:
     num_gpu_blocks: int | None = None
     tensor_parallel_size: int = 1
     async_scheduling: bool | None = None
+    data_parallel_size: int = 1
+    enable_expert_parallel: bool = False
+    kv_cache_dtype: str = "auto"
+    quantization: str | None = None
 
     @property
     def num_gpus(self) -> int:
-        return self.replicas * self.tensor_parallel_size
+        """Each replica runs data parallel x tensor parallel GPUs."""
+        return self.replicas * self.data_parallel_size * self.tensor_parallel_size
+
+    def deployment(self) -> Deployment:
+        return Deployment(tensor_parallel_size=self.tensor_parallel_size, data_parallel_size=self.data_parallel_size,
+                          enable_expert_parallel=self.enable_expert_parallel, kv_cache_dtype=self.kv_cache_dtype,
+                          quantization=None if self.quantization in (None, "none") else self.quantization)
 
     def _set(self, owner: type) -> dict[str, Any]:
         names = {fl.field for fl in sim_flags("plan") if fl.owner == owner.__name__}
@@ -59,13 +75,12 @@ class PlanConfig:
         return CacheConfig(**self._set(CacheConfig), num_gpu_blocks=self.num_gpu_blocks or num_gpu_blocks)
 
     def to_dict(self) -> dict[str, Any]:
-        """Every field; `tensor_parallel_size` only when above 1 and `async_scheduling` only when set, so
-        results files written before they existed still key their configurations the same."""
+        """Every field; those added after results files first shipped only where they differ from their
+        default, so files written before they existed still key their configurations the same."""
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        if out["tensor_parallel_size"] == 1:
-            del out["tensor_parallel_size"]
-        if out["async_scheduling"] is None:
-            del out["async_scheduling"]
+        for name, default in LATER_FIELDS.items():
+            if out[name] == default:
+                del out[name]
         return out
 
     @property
@@ -84,7 +99,7 @@ class PlanConfig:
 def field_type(name: str) -> type:
     """int, float, bool or str: how `--sweep` parses values of `name`."""
     f = next(f for f in dataclasses.fields(PlanConfig) if f.name == name)
-    return {"int": int, "int | None": int, "float | None": float, "bool | None": bool}.get(str(f.type), str)
+    return {"int": int, "int | None": int, "float | None": float, "bool | None": bool, "bool": bool}.get(str(f.type), str)
 
 
 SWEEP_KEYS = tuple(f.name for f in dataclasses.fields(PlanConfig))

@@ -180,8 +180,7 @@ def build_cluster_parts(config: PlanConfig) -> tuple[SchedulerConfig, CacheConfi
     """(SchedulerConfig, CacheConfig, cost model) of a configuration; KV blocks from the roofline model."""
     from sim.cost_models.roofline import RooflineCostModel
 
-    cost = RooflineCostModel.from_args(model=config.model, hardware=config.hardware,
-                                       tp=config.tensor_parallel_size,
+    cost = RooflineCostModel.from_args(model=config.model, hardware=config.hardware, deployment=config.deployment(),
                                        async_scheduling=bool(config.async_scheduling))
     sched = config.scheduler_config()
     cache = config.cache_config(num_gpu_blocks=2)
@@ -235,7 +234,8 @@ def run_at_rate(spec: PlanSpec, config: PlanConfig, rate: float, trace_dir: str 
         cluster = Cluster(config.replicas, sched, cache, cost, config.router, trace_dir=trace_dir,
                           meta={"plan": {"config": config.to_dict(), "rate": rate}}, seed=spec.seed,
                           vocab_size=spec.vocab_size, overwrite=overwrite,
-                          headroom_block_sizes=tuple(headroom.peak_blocks) if headroom is not None else None)
+                          headroom_block_sizes=tuple(headroom.peak_blocks) if headroom is not None else None,
+                          data_parallel_size=config.data_parallel_size)
         try:
             result = cluster.run(stream, watch)
         finally:

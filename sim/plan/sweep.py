@@ -115,11 +115,11 @@ def expand_configs(sweep: dict[str, list[SweepValue]], base: PlanConfig) -> list
 def validate_config(config: PlanConfig) -> None:
     """Bad names and out-of-range flags as one-line ValueErrors, before any simulation starts."""
     from sim.cost_models.hardware import get_hardware
-    from sim.cost_models.model_shape import model_shape, rank_shape
+    from sim.cost_models.model_shape import model_shape
     from sim.core.routers import make_router
 
     get_hardware(str(config.hardware))
-    rank_shape(model_shape(config.model), config.tensor_parallel_size)
+    config.deployment().rank(model_shape(config.model))
     make_router(config.router)
     if config.replicas < 1:
         raise ValueError(f"replicas: must be >= 1, got {config.replicas}")
