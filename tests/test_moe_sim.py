@@ -1,7 +1,6 @@
 """Mixtures of experts in the simulator: their shapes and KV sizes (MLA included), how expert and data
 parallelism shard weights and KV capacity, FP8, the routing model, the bundle's MoE table, data-parallel
 lockstep with dummy batches, vLLM's DP load-balancing rule, and imported runs' recorded layouts."""
-import json
 import math
 import shutil
 from dataclasses import replace

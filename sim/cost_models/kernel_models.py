@@ -42,8 +42,7 @@ def bundle_model(path: Path, model: str | dict[str, Any] | Path | None, hardware
                          "table; pass --hardware NAME or FILE.yaml for its memory and link")
     hw = get_hardware(name, vllm_version or meta.get("vllm_version"))
     d = deployment
-    return KernelSumCostModel("profile", ProfileKernels(path, d.tensor_parallel_size), shape, hw, d.tensor_parallel_size,
-                              async_scheduling, d.data_parallel_size, d.enable_expert_parallel, d.routing_model())
+    return KernelSumCostModel("profile", ProfileKernels(path, d.tensor_parallel_size), shape, hw, d, async_scheduling)
 
 
 def aiconfigurator_model(model: str | dict[str, Any] | Path | None, hardware: str | None, deployment: Deployment,
@@ -55,6 +54,5 @@ def aiconfigurator_model(model: str | dict[str, Any] | Path | None, hardware: st
     d = deployment
     shape = d.shape(model_shape(model))
     kernels = AIConfiguratorKernels(d.rank(shape), hardware, d.tensor_parallel_size, vllm_version)
-    return KernelSumCostModel("aiconfigurator", kernels, shape, get_hardware(hardware, vllm_version),
-                              d.tensor_parallel_size, async_scheduling, d.data_parallel_size,
-                              d.enable_expert_parallel, d.routing_model())
+    return KernelSumCostModel("aiconfigurator", kernels, shape, get_hardware(hardware, vllm_version), d,
+                              async_scheduling)

@@ -25,7 +25,8 @@ from sim.cost_models.batch import StepBatch
 from sim.cost_models.base import CostModelDefaults, CostModelInfo, StepTiming
 from sim.cost_models.hardware import Hardware
 from sim.cost_models.model_shape import ModelShape, rank_shape
-from sim.cost_models.routing import Balanced, RoutingModel
+from sim.cost_models.deployment import Deployment
+from sim.cost_models.routing import RoutingModel
 
 # The ops of one decoder layer, with how many times a layer calls each: attention's side, then the MLP's
 # (a sparse layer runs the fused MoE block instead).
@@ -122,18 +123,19 @@ class KernelSumCostModel(CostModelDefaults):
     that join the ranks, plus (synchronous scheduling only) the host's time around the step: async
     scheduling prepares step k+1 while step k runs, so the device's time is the step's."""
 
-    def __init__(self, name: str, timer: KernelTimes, shape: ModelShape, hardware: Hardware, tp: int = 1,
-                 async_scheduling: bool = True, dp: int = 1, expert_parallel: bool = False,
-                 routing: RoutingModel | None = None) -> None:
+    def __init__(self, name: str, timer: KernelTimes, shape: ModelShape, hardware: Hardware,
+                 deployment: Deployment | None = None, async_scheduling: bool = True) -> None:
+        """`shape` is the model as deployed (its dtypes set by `deployment.shape`)."""
+        d = deployment or Deployment()
         self.name = name
         self.timer = timer
         self.shape = shape
-        self.rank = rank_shape(shape, tp, dp, expert_parallel)
+        self.rank = rank_shape(shape, d.tensor_parallel_size, d.data_parallel_size, d.enable_expert_parallel)
         self.hardware = hardware
-        self.tp = tp
-        self.dp = dp
-        self.expert_parallel = expert_parallel and shape.is_moe
-        self.routing = routing or Balanced()
+        self.tp = d.tensor_parallel_size
+        self.dp = d.data_parallel_size
+        self.expert_parallel = d.enable_expert_parallel and shape.is_moe
+        self.routing: RoutingModel = d.routing_model()
         self.async_scheduling = async_scheduling
         self._attention_ops = tuple((op, calls) for op, calls in ATTENTION_OPS if op != "qk_norm" or self.rank.qk_norm)
         self._dense_layers = shape.num_layers - shape.num_moe_layers

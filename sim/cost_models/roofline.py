@@ -17,8 +17,7 @@ from sim.cost_models.batch import StepBatch, causal_pairs
 from sim.cost_models.deployment import Deployment
 from sim.cost_models.hardware import CALIBRATION_ONLY, Hardware, get_hardware, hardware_names
 from sim.cost_models.kernels import AttentionShape, KernelSumCostModel, MoeCall, kv_blocks, mean_context
-from sim.cost_models.model_shape import DTYPE_BYTES, ModelShape, model_shape, rank_shape
-from sim.cost_models.routing import RoutingModel
+from sim.cost_models.model_shape import DTYPE_BYTES, ModelShape, model_shape
 
 __all__ = ["DTYPE_BYTES", "ModelShape", "RooflineCostModel", "RooflineKernels", "effective_from_coefficients",
            "model_shape"]
@@ -139,11 +138,12 @@ class RooflineKernels:
 class RooflineCostModel(KernelSumCostModel):
     """The kernel sum over `RooflineKernels`."""
 
-    def __init__(self, shape: ModelShape, hardware: Hardware, source: str = "datasheet", tp: int = 1,
-                 async_scheduling: bool = True, kv_cache_memory: int | None = None, dp: int = 1,
-                 expert_parallel: bool = False, routing: RoutingModel | None = None) -> None:
-        self.kernels = RooflineKernels(rank_shape(shape, tp, dp, expert_parallel), hardware)
-        super().__init__("roofline", self.kernels, shape, hardware, tp, async_scheduling, dp, expert_parallel, routing)
+    def __init__(self, shape: ModelShape, hardware: Hardware, source: str = "datasheet",
+                 deployment: Deployment | None = None, async_scheduling: bool = True,
+                 kv_cache_memory: int | None = None) -> None:
+        d = deployment or Deployment()
+        self.kernels = RooflineKernels(d.rank(shape), hardware)
+        super().__init__("roofline", self.kernels, shape, hardware, d, async_scheduling)
         self.source = source
         self.kv_cache_memory = kv_cache_memory
 
@@ -154,15 +154,13 @@ class RooflineCostModel(KernelSumCostModel):
         """Datasheet hardware by name (or FILE.yaml), or measured FLOP/s and bandwidth from a calibration
         profile (then `model` defaults to the profiled model, and a table `hardware` only supplies memory)."""
         d = deployment or Deployment()
-        layout = {"tp": d.tensor_parallel_size, "dp": d.data_parallel_size, "expert_parallel": d.enable_expert_parallel,
-                  "routing": d.routing_model()}
         if profile is None:
             if hardware is None:
                 raise ValueError(f"roofline cost model: needs a hardware name; valid: {', '.join(hardware_names())}")
             if model is None:
                 raise ValueError("roofline cost model: needs a model (preset name, config.json or HF config)")
             return cls(d.shape(model_shape(model, dtype or "bfloat16")), get_hardware(hardware, vllm_version),
-                       async_scheduling=async_scheduling, **layout)
+                       deployment=d, async_scheduling=async_scheduling)
         from sim.cost_models.profile import load_profile
 
         prof = load_profile(profile)
@@ -188,8 +186,8 @@ class RooflineCostModel(KernelSumCostModel):
         shape = d.shape(model_shape(ident["hf_config"] if model is None else model, dtype or prof_dtype))
         if model is None:
             shape = replace(shape, name=ident.get("model") or shape.name)
-        return cls(shape, hw, f"calibration profile {profile}", async_scheduling=False, kv_cache_memory=kv_memory,
-                   **layout)
+        return cls(shape, hw, f"calibration profile {profile}", deployment=d, async_scheduling=False,
+                   kv_cache_memory=kv_memory)
 
     def step_time(self, batch: StepBatch, step: int) -> StepTiming:
         """A decode-only step is priced by `decode_step_times` (one step of a run); any other by the kernel sum."""
