@@ -249,7 +249,8 @@ def _simulate(args: argparse.Namespace, trace_dir: str, residual_seed: int | Non
         print(describe_replay(source.path, source.num_requests, meta, cost_model.describe().to_meta(), sched, cache))
     sim = Simulator(sched, cache, cost_model, trace_dir, meta, seed=args.seed or 0, vocab_size=args.vocab_size,
                     follow_recorded=exact, trace_level=args.trace_level, overwrite=overwrite,
-                    data_parallel_size=d.data_parallel_size, pad_across_ranks=not source.model.get("enforce_eager"))
+                    data_parallel_size=d.data_parallel_size, enforce_eager=bool(source.model.get("enforce_eager")),
+                    vllm_version=_recorded_vllm(source))
     return sim.run(source.requests, source.external_finishes, source.num_requests, progress=progress), cost_model
 
 

@@ -25,7 +25,7 @@ from sim.cost_models.roofline import RooflineCostModel
 from sim.cost_models.routing import Balanced, Zipf, expected_activated, routing_model
 from test_import_run import import_run, make_run
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "llmservingsim_vllm_runs"
+DATA = Path(__file__).resolve().parents[1] / "bench" / "data" / "llmservingsim_vllm_runs"
 QWEN3_MOE = DATA / "models" / "Qwen3-30B-A3B-Instruct-2507.json"
 BUNDLE = DATA / "profiles" / "RTXPRO6000" / "Qwen" / "Qwen3-30B-A3B-Instruct-2507" / "bf16"
 needs_data = pytest.mark.skipif(not BUNDLE.is_dir(), reason="the public MoE profile bundle is not here")
@@ -215,8 +215,7 @@ def test_bundle_without_a_moe_table_refuses_a_mixture_of_experts(tmp_path):
 def test_bundle_with_a_table_marked_not_run_is_read_without_it_and_says_so(tmp_path):
     copy = tmp_path / "b"
     shutil.copytree(BUNDLE, copy, ignore=shutil.ignore_patterns("skew*.csv", "attention.csv"))
-    for tp in ("tp1", "tp2"):
-        (copy / tp / "attention.csv").symlink_to(BUNDLE / tp / "attention.csv")
+    (copy / "tp1" / "attention.csv").symlink_to(BUNDLE / "tp1" / "attention.csv")
     meta = (copy / "meta.yaml").read_text().replace("skew_fit:\n  enabled: true", "skew_fit:\n  enabled: false")
     (copy / "meta.yaml").write_text(meta.split("  bucket_axes:")[0])
     kernels = ProfileKernels(copy, 1)
@@ -249,7 +248,7 @@ def _request(i: int, prompt: int, output: int, at: float = 0.0) -> SimRequest:
 def _cluster(cost: _Priced, dp: int = 2, pad: bool = True) -> Cluster:
     sched = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=256, max_model_len=1024, async_scheduling=False)
     return Cluster(1, sched, CacheConfig(num_gpu_blocks=256, enable_prefix_caching=False), cost,
-                   data_parallel_size=dp, pad_across_ranks=pad)
+                   data_parallel_size=dp, enforce_eager=not pad)
 
 
 def test_an_idle_rank_runs_one_token_dummy_batches_while_another_works():
@@ -284,6 +283,19 @@ def test_one_request_finishes_as_on_a_single_engine_but_the_group_steps_it():
 def test_balancer_rotates_ranks_on_ties():
     lb = DPLoadBalancer(3)
     assert [lb.assign() for _ in range(3)] == [0, 1, 2]
+
+
+def test_vllm_0_19_balancer_scores_four_times_the_waiting_plus_the_running():
+    lb = DPLoadBalancer(2, "0.19.0")
+    lb.loads[0].waiting, lb.loads[1].running = 1, 3  # 4 x 1 + 0 against 0 + 3
+    assert lb.assign() == 1
+
+
+def test_vllm_0_19_balancer_breaks_ties_to_the_lowest_rank():
+    lb = DPLoadBalancer(2, "0.19.0")
+    for load in lb.loads:
+        load.running = 2
+    assert lb.assign() == 0 and lb.assign() == 1 and lb.loads[0].waiting == lb.loads[1].waiting == 1
 
 
 def test_balancer_prefers_the_rank_with_fewer_requests_in_flight():
@@ -351,7 +363,7 @@ def test_replay_of_an_imported_data_parallel_run_takes_its_layout_from_the_run(t
                  "--cost-model", str(BUNDLE), "--trace", str(tmp_path / "r"), "--no-progress"]) == 0
     sim = traces.load(tmp_path / "r")
     assert sim.meta["config"]["parallel"]["data_parallel_size"] == 2
-    assert set(sim.requests["replica"]) == {0, 1}
+    assert sim.meta["cluster"]["replicas"] == 2 and "replica" in sim.requests.columns
 
 
 def test_roofline_moe_weight_read_grows_with_the_activated_experts():

@@ -34,7 +34,7 @@ from engine.core.request import Request
 from engine.core.sched_output import SchedulerOutput
 from engine.core.step_cycle import StepCost, StepTimes
 from sim.core.headroom import Headroom, HeadroomReport
-from sim.core.data_parallel import DataParallelEngine
+from sim.core.data_parallel import DataParallelEngine, cuda_graph_tokens
 from sim.core.replica import Replica
 from sim.core.routers import Router, ReplicaView, make_router
 from sim.core.sources import SimRequest, make_request
@@ -170,7 +170,7 @@ class Cluster:
                  trace_level: str = "full", decode_runs: bool = True, overwrite: bool = False,
                  follow_recorded: bool = False, snapshot_every: int | None = None, flush_every: int = 1024,
                  keep_requests: bool = True, headroom_block_sizes: tuple[int, ...] | None = None,
-                 data_parallel_size: int = 1, pad_across_ranks: bool = True) -> None:
+                 data_parallel_size: int = 1, enforce_eager: bool = False, vllm_version: str | None = None) -> None:
         if num_replicas < 1:
             raise ValueError(f"replicas: must be >= 1, got {num_replicas}")
         if data_parallel_size < 1:
@@ -195,7 +195,9 @@ class Cluster:
                                  intake if dp == 1 else None, keep_requests) for i in range(num_replicas * dp)]
         # What the router sends requests to: a replica, or the data-parallel engine over `dp` of them.
         self.engines: list[Engine] = list(self.replicas) if dp == 1 else [
-            DataParallelEngine(g, self, self.replicas[g * dp:(g + 1) * dp], pad_across_ranks) for g in range(num_replicas)]
+            DataParallelEngine(g, self, self.replicas[g * dp:(g + 1) * dp],
+                               cuda_graph_tokens(scheduler_config.max_num_seqs, enforce_eager), vllm_version)
+            for g in range(num_replicas)]
         if headroom_block_sizes is not None:  # how near the run came to its limits (sim.core.headroom)
             for r in self.replicas:
                 r.headroom = Headroom(headroom_block_sizes)

@@ -4,15 +4,19 @@ a rank, stepping in lockstep.
 
 Lockstep: the sparse layers of a mixture of experts are shared by every rank (their collectives need
 each one), so a step of the group ends when its slowest rank's ends, and while any rank has requests a
-rank with none runs a dummy batch of one token through the model (vLLM's `execute_dummy_batch`). Each
-rank's kernels run on its own tokens padded to the group's largest count (vLLM pads across data-parallel
-ranks unless --enforce-eager), its MoE blocks on every rank's tokens.
+rank with none runs a dummy batch of one token through the model (vLLM's `execute_dummy_batch`). The MoE
+blocks run every rank's tokens (vLLM's default all-gather / reduce-scatter dispatch). Where the step runs
+as a CUDA graph on every rank (no --enforce-eager, and the largest rank's tokens within the capture sizes,
+min(2 x max_num_seqs, 512)), each rank is padded to the largest rank's token count
+(vllm/v1/worker/dp_utils.py, coordinate_batch_across_dp; vllm/config/vllm.py for the capture sizes).
 
-Assignment follows vLLM 0.32's front end, `DPLBAsyncMPClient.get_core_engine_for_request` in
-vllm/v1/engine/core_client.py: the rank with the lowest score max(in flight from this client, waiting +
-running), plus 6 x waiting x max(0, KV usage - 0.5) where it has a queue, scanning from a start index that
-advances by one each request so ties rotate; the chosen rank's waiting count goes up by one until the
-coordinator's next snapshot of waiting, running and KV usage, which it publishes every 100 ms.
+Assignment follows the front end's `DPLBAsyncMPClient.get_core_engine_for_request`
+(vllm/v1/engine/core_client.py), as the run's vLLM version had it. In 0.19: the rank with the lowest
+4 x waiting + running, ties to the lowest rank. In 0.32: the lowest max(in flight from this client,
+waiting + running), plus 6 x waiting x max(0, KV usage - 0.5) where it has a queue, scanning from a start
+that advances by one each request so ties rotate. Both bump the chosen rank's waiting count until the
+coordinator's next snapshot of waiting, running (and KV usage), which it publishes every 100 ms while they
+change (vllm/v1/engine/coordinator.py). Versions between are taken to have 0.19's rule, before 0.32 after.
 """
 from __future__ import annotations
 
@@ -43,13 +47,18 @@ class RankLoad:
     in_flight: int = 0  # this client's requests assigned to the rank and not yet finished
 
 
-class DPLoadBalancer:
-    """vLLM 0.32's data-parallel request assignment (see the module docstring)."""
+# The first vLLM version whose front end scores ranks by in-flight requests and KV pressure.
+IN_FLIGHT_RULE_SINCE = (0, 32)
 
-    def __init__(self, num_ranks: int) -> None:
+
+class DPLoadBalancer:
+    """vLLM's data-parallel request assignment, as `vllm_version` had it (see the module docstring)."""
+
+    def __init__(self, num_ranks: int, vllm_version: str | None = None) -> None:
         self.loads = [RankLoad() for _ in range(num_ranks)]
         self.start = 0
         self.last_snapshot = -SNAPSHOT_INTERVAL_S
+        self.in_flight_rule = vllm_version is None or _minor(vllm_version) >= IN_FLIGHT_RULE_SINCE
 
     def snapshot(self, now: float, ranks: Sequence[Replica]) -> None:
         """The coordinator's published counts, at most every SNAPSHOT_INTERVAL_S."""
@@ -66,14 +75,18 @@ class DPLoadBalancer:
         for i in range(n):
             idx = (self.start + i) % n
             load = self.loads[idx]
-            score = float(max(load.in_flight, load.waiting + load.running))
-            if load.waiting:
-                score += load.waiting * 6.0 * max(0.0, load.kv_usage - 0.5)
+            if self.in_flight_rule:
+                score = float(max(load.in_flight, load.waiting + load.running))
+                if load.waiting:
+                    score += load.waiting * 6.0 * max(0.0, load.kv_usage - 0.5)
+            else:
+                score = 4.0 * load.waiting + load.running
             if score < best_score:
                 best, best_score = idx, score
         self.loads[best].waiting += 1
         self.loads[best].in_flight += 1
-        self.start = (self.start + 1) % n
+        if self.in_flight_rule:
+            self.start = (self.start + 1) % n
         return best
 
     def finished(self, rank: int) -> None:
@@ -85,12 +98,15 @@ class DataParallelEngine:
     to ranks and steps the ranks together. Ranks are `Replica`s whose parts (scheduler, step cycle,
     runner, recorder) it drives; their own step policy never runs."""
 
-    def __init__(self, index: int, cluster: Loop, ranks: list[Replica], pad_across_ranks: bool = True) -> None:
+    def __init__(self, index: int, cluster: Loop, ranks: list[Replica], graph_tokens: int = 0,
+                 vllm_version: str | None = None) -> None:
+        """`graph_tokens`: the largest step that runs as a CUDA graph, and so is padded across ranks (0:
+        eager, never padded); `vllm_version`: whose load-balancing rule assigns requests (None: 0.32's)."""
         self.index = index
         self.cluster = cluster
         self.ranks = ranks
-        self.pad_across_ranks = pad_across_ranks
-        self.balancer = DPLoadBalancer(len(ranks))
+        self.graph_tokens = graph_tokens
+        self.balancer = DPLoadBalancer(len(ranks), vllm_version)
         self.owner: dict[str, int] = {}
         self.now = 0.0
         self.inbox: list[tuple[Request, SimRequest]] = []
@@ -146,8 +162,8 @@ class DataParallelEngine:
             if r.headroom is not None:
                 r.headroom.scheduled(entry.so, r.scheduler.requests, len(r.scheduler.running))
         largest = max(b.num_tokens for _, b in batches)
-        pad = largest if self.pad_across_ranks else 0
-        group = len(batches) * largest if self.pad_across_ranks else sum(b.num_tokens for _, b in batches)
+        pad = largest if largest <= self.graph_tokens else 0
+        group = len(batches) * largest if pad else sum(b.num_tokens for _, b in batches)
         cost_model = self.cluster.cost_model
         timings = [cost_model.step_time(StepBatch(
             b.num_prefill_tokens, b.num_decode_tokens, b.num_prefill_seqs, b.num_decode_seqs, b.context_tokens,
@@ -210,3 +226,17 @@ class DataParallelEngine:
             return self.inbox[0][1].add_time
         self.idle = True
         return (yield None)
+
+
+def _minor(version: str) -> tuple[int, int]:
+    """(major, minor) of a version string such as 0.19.0 or 0.11.2rc1; (0, 0) where it names none."""
+    parts = version.split(".")
+    try:
+        return int(parts[0]), int("".join(c for c in parts[1] if c.isdigit()) or 0) if len(parts) > 1 else 0
+    except ValueError:
+        return 0, 0
+
+
+def cuda_graph_tokens(max_num_seqs: int, enforce_eager: bool) -> int:
+    """vLLM's largest CUDA-graph capture size, min(2 x max_num_seqs, 512) (vllm/config/vllm.py); 0 eager."""
+    return 0 if enforce_eager else min(2 * max_num_seqs, 512)

@@ -42,12 +42,12 @@ class Simulator:
                  trace_dir: str | Path, meta: dict[str, Any] | None = None, seed: int = 0,
                  vocab_size: int = 32000, follow_recorded: bool = False, snapshot_every: int | None = None, flush_every: int = 1024,
                  trace_level: str = "full", decode_runs: bool = True, overwrite: bool = False,
-                 data_parallel_size: int = 1, pad_across_ranks: bool = True) -> None:
+                 data_parallel_size: int = 1, enforce_eager: bool = False, vllm_version: str | None = None) -> None:
         self.cluster = Cluster(1, scheduler_config, cache_config, cost_model, trace_dir=trace_dir, meta=meta, seed=seed,
                                vocab_size=vocab_size, trace_level=trace_level, decode_runs=decode_runs,
                                overwrite=overwrite, follow_recorded=follow_recorded, snapshot_every=snapshot_every,
                                flush_every=flush_every, keep_requests=False, data_parallel_size=data_parallel_size,
-                               pad_across_ranks=pad_across_ranks)
+                               enforce_eager=enforce_eager, vllm_version=vllm_version)
         self.replica = self.cluster.replicas[0]
 
     def run(self, requests: Iterable[SimRequest], external_finishes: dict[int, list[tuple[str, str]]] | None = None,

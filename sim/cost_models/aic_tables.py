@@ -19,13 +19,18 @@ PACKAGE = "aiconfigurator-core"
 AIC_SYSTEMS = {"a100": "a100_sxm", "b200": "b200_sxm", "h100": "h100_sxm", "h200": "h200_sxm", "l40s": "l40s",
                "rtx-pro-6000": "rtx_pro_6000_server"}
 TABLES = {"gemm": ("gemm", "gemm_perf"), "context": ("attention", "context_attention_perf"),
-          "generation": ("attention", "generation_attention_perf"), "all_reduce": ("comm", "custom_allreduce_perf")}
+          "generation": ("attention", "generation_attention_perf"), "all_reduce": ("comm", "custom_allreduce_perf"),
+          "moe": ("moe", "moe_perf")}
 # vLLM's default attention kernel first (FA3 on Hopper, FlashInfer's TRT-LLM kernels on B200, FA2 on
 # Ada and consumer Blackwell, the single FA lane of older tables); the rest only if none of these is there.
 ATTENTION_LANES = ("vllm_flash_attn_fa3", "vllm_flashinfer_trtllmprefill", "vllm_flashinfer_trtllmdecode",
                    "vllm_flash_attn_fa2", "vllm_flash_attn", "vllm_flashinfer_fiprefill", "vllm_flashinfer_fidecode",
                    "vllm_flashinfer", "vllm_flash_attn_fa4", "vllm_triton_attn")
 MS = 1e-3  # every table's latency column is in milliseconds (CUDA event time)
+# The MoE table's shape columns: AIConfigurator passes the model's whole expert width as inter_size and the
+# split as moe_tp_size (sdk/models/blocks/moe.py builds ops.MoE(hidden, moe_inter_size, topk, num_experts,
+# moe_tp_size, moe_ep_size, ...)).
+MOE_SHAPE = ("hidden_size", "inter_size", "topk", "num_experts")
 
 
 def package_root() -> Path:
@@ -112,6 +117,42 @@ def attention_lane(df: pd.DataFrame, head_dim: int) -> str:
     dims = df.groupby("kernel_source")["head_dim"].agg(set)
     return next((lane for lane in known if head_dim in dims[lane]),
                 known[0] if known else str(df["kernel_source"].value_counts().idxmax()))
+
+
+def moe_systems(root: Path | None = None) -> list[str]:
+    """The stepscope hardware names whose system has a vLLM MoE table in the installed package."""
+    root = root or package_root()
+    return sorted(name for name, system in AIC_SYSTEMS.items() if table_file(root, system, "moe"))
+
+
+@lru_cache(maxsize=16)
+def moe_shapes(path: str, dtype: str) -> list[tuple[int, int, int, int]]:
+    """The (hidden, expert width, top-k, experts) the MoE table measured at `dtype`."""
+    df = read_table(path)
+    df = df[df["moe_dtype"] == dtype]
+    return sorted({(int(h), int(w), int(k), int(e)) for h, w, k, e in df[list(MOE_SHAPE)].itertuples(index=False)})
+
+
+@lru_cache(maxsize=32)
+def moe_grid(path: str, dtype: str, shape: tuple[int, int, int, int]) -> tuple[str, dict[tuple[int, int, str], tuple[
+        list[float], list[float]]]]:
+    """(kernel, {(moe_tp, moe_ep, distribution): (tokens, seconds)}) of one expert shape at `dtype`, from
+    the kernel that measured most of it where several did."""
+    df = read_table(path)
+    df = df[(df["moe_dtype"] == dtype) & (df["latency"] > 0)]
+    for column, value in zip(MOE_SHAPE, shape):
+        df = df[df[column] == value]
+    if df.empty:
+        return "", {}
+    kernel = str(df["kernel_source"].value_counts().idxmax())
+    df = df[df["kernel_source"] == kernel]
+    mean = df.groupby(["moe_tp_size", "moe_ep_size", "distribution", "num_tokens"])["latency"].mean()
+    grid: dict[tuple[int, int, str], tuple[list[float], list[float]]] = {}
+    for (tp, ep, dist, tokens), ms in mean.items():
+        xs, ts = grid.setdefault((int(tp), int(ep), str(dist)), ([], []))
+        xs.append(float(tokens))
+        ts.append(float(ms) * MS)
+    return kernel, grid
 
 
 def mean_points(g: pd.DataFrame, x: str) -> tuple[list[float], list[float]]:

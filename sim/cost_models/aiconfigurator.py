@@ -1,6 +1,9 @@
 """Kernel times from NVIDIA AIConfigurator's measured databases (the `aic` extra: `aiconfigurator-core`),
 for the vLLM backend: the bf16 GEMM table prices the projections and the LM head, the context and
-generation attention tables price attention, and vLLM's custom all-reduce table prices the all-reduces.
+generation attention tables price attention, vLLM's custom all-reduce table prices the all-reduces, and
+the MoE table prices a sparse layer's fused experts (`AIConfiguratorKernels.moe`). The data-parallel
+all-gather and reduce-scatter around the experts stay with the hardware's link model: the kernel sum asks
+its timer for no collective but the all-reduce.
 
 The package measures no norm, rotary, activation, embedding or sampler kernels, so those are a bandwidth
 formula here with both constants from the GPU's own GEMM table: the floor is the median time of the
@@ -11,7 +14,9 @@ Times are interpolated linearly in log-log space between measured points. Below 
 costs the smallest measured one (no problem is faster than the launch floor); above it, time grows in
 proportion to the axis (GEMM m, n, k; decode batch and context) or to its square (prefill chunk, causal
 attention). Lookups past the top count in `outside`; shapes off the n/k or head grids, fixed for a
-model, are listed by `describe()` instead.
+model, are listed by `describe()` instead. A MoE curve is first made non-decreasing in tokens (many of
+the tables' curves have a point well above a later one), and its shape must be measured: an expert shape
+or split the table lacks is refused rather than guessed.
 """
 from __future__ import annotations
 
@@ -20,11 +25,12 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from sim.cost_models.aic_tables import (AIC_SYSTEMS, MS, PACKAGE, TABLES, attention_lane, attention_rows,
-                                        available_hardware, bf16_gemm, gemm_grid, mean_points, package_root,
-                                        read_table, table_file)
+                                        available_hardware, bf16_gemm, gemm_grid, mean_points, moe_grid, moe_shapes,
+                                        moe_systems, package_root, read_table, table_file)
 from sim.cost_models.hardware import get_hardware
-from sim.cost_models.kernels import AttentionShape
-from sim.cost_models.log_curves import BatchGrid, LogCurve, Streaming, blend, bracket, nearest
+from sim.cost_models.kernels import AttentionShape, MoeCall
+from sim.cost_models.log_curves import BatchGrid, LogCurve, Streaming, blend, bracket, nearest, non_decreasing
+from sim.cost_models.routing import RoutingModel, Zipf
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -39,14 +45,16 @@ DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4}
 class AIConfiguratorKernels:
     """`KernelTimes` of one tensor-parallel rank from AIConfigurator's measured vLLM tables.
 
-    `shape` is already the rank's shard (heads, KV heads, intermediate and vocab divided by `tp`); `tp`
-    is only used to give the sampler the whole vocabulary (vLLM gathers the logits before sampling);
-    `vllm_version` picks that version's measured all-reduces where the database has them. Tables are
-    parsed once per process and each op's curve built on first use, so a lookup is a bisect and a power:
-    a simulation prices millions of steps.
+    `shape` is already the rank's shard (heads, KV heads, intermediate and vocab divided by `tp`; experts
+    or their width divided among the MoE ranks); `tp` is only used to give the sampler the whole vocabulary
+    (vLLM gathers the logits before sampling); `vllm_version` picks that version's measured all-reduces
+    where the database has them; `routing` (default balanced) picks the MoE table's routing distribution
+    (a Zipf law: the nearest measured power law). Tables are parsed once per process and each op's curve
+    built on first use, so a lookup is a bisect and a power: a simulation prices millions of steps.
     """
 
-    def __init__(self, shape: ModelShape, hardware: str, tp: int = 1, vllm_version: str | None = None) -> None:
+    def __init__(self, shape: ModelShape, hardware: str, tp: int = 1, vllm_version: str | None = None,
+                 routing: RoutingModel | None = None) -> None:
         root = package_root()
         key = str(hardware).lower()
         available = available_hardware(root)
@@ -77,6 +85,9 @@ class AIConfiguratorKernels:
         self._streaming: tuple[float, float] | None = None
         self.notes: dict[str, str] = {}
         self.mixed_attn_eff = get_hardware(key).mixed_attn_eff
+        self.routing = routing
+        self._moe: dict[tuple[int, int], tuple[LogCurve, bool]] = {}
+        self._moe_tables: dict[str, dict[str, Any]] = {}
 
     # --- the KernelTimes seam -------------------------------------------------------------------------
 
@@ -143,8 +154,9 @@ class AIConfiguratorKernels:
         return {"source": self.source, "package": PACKAGE, "version": self.version, "system": self.system,
                 "hardware": self.hardware, "device": str(read_table(str(self.files["gemm"][1]))["device"].iloc[0]),
                 "backend": "vllm", "tables": files, "kernel_floor_s": floor, "stream_bandwidth_Bps": bandwidth,
-                "unmeasured": "layernorm, qk_norm, rotary_emb, act_fn, embedding, final_layernorm, sampler: "
-                              "floor + bytes / stream bandwidth", "notes": dict(self.notes)}
+                "unmeasured": "layernorm, qk_norm, rotary_emb, act_fn, embedding, final_layernorm, sampler, "
+                              "MoE top-k: floor + bytes / stream bandwidth", "moe": dict(self._moe_tables),
+                "notes": dict(self.notes)}
 
     # --- GEMMs ----------------------------------------------------------------------------------------
 
@@ -319,6 +331,86 @@ class AIConfiguratorKernels:
         self.notes["generation lane"] = lane
         return self._decode
 
+    # --- mixture of experts ---------------------------------------------------------------------------
+
+    def moe(self, call: MoeCall) -> float:
+        """The router GEMM and its top-k kernel, the fused experts from the MoE table, shared experts as a
+        gated MLP. The table is read as AIConfigurator queries it for vLLM: its num_tokens are all the tokens
+        entering one rank's block (every data-parallel rank's, gathered), its inter_size the whole expert
+        width split `moe_tp_size` (= `width_split`) ways, `moe_ep_size` the experts over those held here. Its
+        balanced rows route deterministically, min(tokens x top_k, experts) distinct experts in all, so they
+        are scaled by the call's distinct experts over theirs: while few tokens share an expert, the block
+        reads each activated expert's weights once and its time follows their count."""
+        if call.tokens <= 0:
+            return 0.0
+        s = self.shape
+        ep = s.router_experts // s.num_experts
+        key = (call.width_split, ep)
+        built = self._moe.get(key)
+        if built is None:
+            built = self._moe[key] = self._build_moe(*key)
+        curve, balanced = built
+        if call.tokens > curve.xs[-1]:
+            self.outside += 1
+        t = curve(call.tokens)
+        if balanced:
+            t *= call.activated * ep / min(call.tokens * s.top_k, s.router_experts)
+        floor, bandwidth = self._streaming_constants()
+        t += self.gemm(s.router_experts, s.hidden)(call.tokens) + floor
+        if s.shared_intermediate:
+            width = s.shared_intermediate
+            t += self.gemm(2 * width, s.hidden)(call.tokens) + self.gemm(s.hidden, width)(call.tokens)
+            t += floor + call.tokens * 3 * width * s.dtype_bytes / bandwidth
+        return t
+
+    def _build_moe(self, tp: int, ep: int) -> tuple[LogCurve, bool]:
+        """The fused experts' curve over tokens at this split, and whether it is the balanced rows; raises
+        ValueError naming what the table lacks and what it has."""
+        s = self.shape
+        found = self.files.get("moe")
+        if found is None:
+            raise ValueError(f"--hardware {self.hardware}: AIConfigurator {self.version} has no vLLM MoE table for "
+                             f"{self.system}; GPUs with one: {', '.join(moe_systems(self.root))}")
+        version, path = found
+        want = (s.hidden, s.moe_intermediate * tp, s.top_k, s.router_experts)
+        label = f"hidden {want[0]}, expert width {want[1]}, top-{want[2]} of {want[3]} experts"
+        dtype = "bfloat16"
+        if s.quantization == "fp8":
+            if moe_grid(str(path), "fp8", want)[1]:
+                dtype = "fp8"
+            else:
+                self.notes["moe fp8"] = f"no fp8 rows for {label}: priced from the bf16 ones"
+        kernel, grid = moe_grid(str(path), dtype, want)
+        where = f"AIConfigurator's vLLM {version} MoE table for {self.system}"
+        if not grid:
+            measured = ", ".join("/".join(map(str, shape)) for shape in moe_shapes(str(path), dtype))
+            raise ValueError(f"--hardware {self.hardware}: {where} has no {dtype} rows for {label}; measured "
+                             f"(hidden/width/top-k/experts): {measured}")
+        dists = {d: exponent for (t, e, d) in grid if (t, e) == (tp, ep) and (exponent := _exponent(d)) is not None}
+        if not dists:
+            splits = ", ".join(f"{t}x{e}" for t, e in sorted({(t, e) for t, e, _ in grid}))
+            raise ValueError(f"--hardware {self.hardware}: {where} has no moe_tp {tp} x moe_ep {ep} rows for {label}; "
+                             f"measured (moe_tp x moe_ep): {splits}")
+        routing = self.routing
+        want_exponent = routing.exponent if isinstance(routing, Zipf) else 0.0
+        dist = min(dists, key=lambda d: (abs(dists[d] - want_exponent), dists[d]))
+        name = routing.name if routing is not None else "balanced"
+        if dists[dist] != want_exponent:
+            self.notes[f"moe routing {name}"] = (
+                f"priced from the {dist} rows, the nearest measured (balanced counts as exponent 0); AIConfigurator's "
+                "power-law alpha is the exponent of its sampled per-expert load density, not a Zipf rank law, so "
+                "the match is nominal")
+        xs, measured_ts = grid[(tp, ep, dist)]
+        ts = non_decreasing(measured_ts)
+        lowered = sum(a != b for a, b in zip(ts, measured_ts))
+        if lowered:
+            self.notes[f"moe moe_tp {tp} x moe_ep {ep}"] = (f"{lowered} measured times above a later one lowered "
+                                                           "to it (a step never gets cheaper with more tokens)")
+        self._moe_tables[f"moe_tp {tp} x moe_ep {ep}"] = {
+            "vllm_version": version, "kernel": kernel, "dtype": dtype, "distribution": dist, "shape": label,
+            "scaled_by_activated": dist == "balanced"}
+        return LogCurve.of(xs, ts), dist == "balanced"
+
     # --- all-reduce -----------------------------------------------------------------------------------
 
     def _build_all_reduce(self, tp: int, eager: bool) -> LogCurve | None:
@@ -332,6 +424,17 @@ class AIConfiguratorKernels:
         # message_size counts elements of allreduce_dtype.
         df = df.assign(nbytes=df["message_size"] * df["allreduce_dtype"].map(DTYPE_BYTES).fillna(2))
         return LogCurve.of(*mean_points(df, "nbytes"))
+
+
+def _exponent(distribution: str) -> float | None:
+    """A table distribution's skew: 0 for balanced, alpha for power_law_<alpha>, None for any other."""
+    if distribution == "balanced":
+        return 0.0
+    head, _, alpha = distribution.rpartition("_")
+    try:
+        return float(alpha) if head == "power_law" else None
+    except ValueError:
+        return None
 
 
 # --- the extract kept in the repository (data/aic_extract), for fits and tests without the package ------

@@ -53,6 +53,7 @@ def aiconfigurator_model(model: str | dict[str, Any] | Path | None, hardware: st
         raise ValueError("--cost-model aiconfigurator: needs --model and --hardware (h100, h200, b200, ...)")
     d = deployment
     shape = d.shape(model_shape(model))
-    kernels = AIConfiguratorKernels(d.rank(shape), hardware, d.tensor_parallel_size, vllm_version)
+    kernels = AIConfiguratorKernels(d.rank(shape), hardware, d.tensor_parallel_size, vllm_version,
+                                    routing=d.routing_model())
     return KernelSumCostModel("aiconfigurator", kernels, shape, get_hardware(hardware, vllm_version), d,
                               async_scheduling)

@@ -102,3 +102,12 @@ def bracket(grid: list[int], x: float) -> tuple[list[tuple[int, float]], float]:
 def blend(curves: list[tuple[Any, float]], points: list[float], scale: float = 1.0) -> list[float]:
     """Weighted geometric mean of callables at `points`, times `scale`."""
     return [scale * math.exp(sum(w * math.log(c(x)) for c, w in curves)) for x in points]
+
+
+def non_decreasing(ts: list[float]) -> list[float]:
+    """Each time lowered to the least measured at or after it (times in increasing x): a point above a later
+    one is a kernel's tile choice or a sampled routing's noise, and adding tokens must not make a step cheaper."""
+    out = list(ts)
+    for i in range(len(out) - 2, -1, -1):
+        out[i] = min(out[i], out[i + 1])
+    return out
