@@ -128,6 +128,8 @@ class EngineArgs:
     enforce_eager: bool = option(False, "no CUDA graphs")
     tensor_parallel_size: int = option(1, "GPUs one model is sharded over (the engine runs on one; `sim replay` "
                                        "prices more)")
+    kv_cache_dtype: str = option("auto", "KV cache dtype (auto: the model's; fp8 is priced by `sim replay`, "
+                                 "not run by the engine)", choices=("auto", "fp8"))
     num_threads: int | None = option(None, "torch CPU threads (default: all cores but one)")
     trace: str | None = option(None, "write a trace directory here")
     overwrite: bool = option(False, "replace a trace already in --trace (without it such a directory is refused)")
@@ -147,6 +149,9 @@ class EngineArgs:
         if self.tensor_parallel_size != 1:
             raise ValueError(f"tensor_parallel_size: the engine runs on one device, got {self.tensor_parallel_size} "
                              "(sim replay --tensor-parallel-size prices sharded runs)")
+        if self.kv_cache_dtype != "auto":
+            raise ValueError(f"kv_cache_dtype: the engine keeps KV in the model's dtype, got {self.kv_cache_dtype!r} "
+                             "(sim replay --kv-cache-dtype fp8 prices an fp8 cache)")
         device = resolve_device(self.device)
         model_config = self._model_config(device)
         sched_kw = self._config_kwargs(SchedulerConfig)

@@ -46,3 +46,8 @@ def test_cli_bad_hf_overrides_is_one_line_exit_2(capsys, text, what):
     assert main(["generate", "--device", "cpu", "--hf-overrides", text, "hi"]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and err.startswith("engine generate: error: --hf-overrides:") and what in err
+
+
+def test_fp8_kv_cache_is_refused_in_one_line_naming_the_simulator():
+    with pytest.raises(ValueError, match="kv_cache_dtype: the engine keeps KV in the model's dtype"):
+        EngineArgs(device="cpu", kv_cache_dtype="fp8").create_engine_config()
