@@ -124,6 +124,9 @@ def build_configs(args: argparse.Namespace, source: Source,
             # Same KV memory as the traced engine, re-cut if the block size changed.
             blocks = max(2, int(cc["num_gpu_blocks"]) * int(cc.get("block_size") or block_size) // block_size)
             how = f"the source trace's KV cache ({cc['num_gpu_blocks']} blocks of {cc.get('block_size')} tokens)"
+        elif cc.get("kv_cache_memory_bytes") and (blocks := cost_model.num_gpu_blocks(
+                block_size, gpu_util, sched.token_budget, int(cc["kv_cache_memory_bytes"]))) is not None:
+            how = f"{cost_model.name} cost model: the run's KV cache of {int(cc['kv_cache_memory_bytes']):,} bytes a GPU"
         elif (blocks := cost_model.num_gpu_blocks(block_size, gpu_util, sched.token_budget)) is not None:
             how = f"{cost_model.name} cost model: memory left after weights at {gpu_util} utilization"
         else:

@@ -282,7 +282,8 @@ def test_residual_scaling_lays_measured_ratios_over_another_cost_model():
     from sim.cost_models.residuals import ResidualScaled
 
     class Flat(FlatCost):
-        def num_gpu_blocks(self, block_size, gpu_memory_utilization=0.9, max_num_batched_tokens=8192):
+        def num_gpu_blocks(self, block_size, gpu_memory_utilization=0.9, max_num_batched_tokens=8192,
+                           kv_cache_memory=None):
             return 7
 
     table = residual_table(np.array([[2.0, 1.0, 1.0], [0.5, 1.0, 1.0]]), [2])

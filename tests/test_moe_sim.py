@@ -376,3 +376,15 @@ def test_dense_shapes_are_unchanged_by_the_moe_fields():
     dense = model_shape("llama-3.1-8b")
     assert replace(dense, router_experts=0) == dense and not dense.is_moe
     assert dense.active_params == dense.non_embedding_params
+
+
+def test_replay_sizes_the_kv_cache_from_the_run_s_recorded_kv_cache_bytes(tmp_path):
+    run = make_run(tmp_path, engine_kwargs={"model": "meta-llama/Llama-3.1-8B", "max_num_seqs": 8,
+                                            "max_num_batched_tokens": 64, "kv_cache_memory_bytes": 1 << 30})
+    assert import_run(run, tmp_path / "t") == 0
+    from sim.cli import main
+
+    assert main(["replay", str(tmp_path / "t"), "--model", "llama-3.1-8b", "--hardware", "h100",
+                 "--trace", str(tmp_path / "r"), "--no-progress"]) == 0
+    per_block = 16 * model_shape("llama-3.1-8b").kv_bytes_per_token
+    assert traces.load(tmp_path / "r").meta["kv_cache"]["num_blocks"] == (1 << 30) // per_block

@@ -101,8 +101,9 @@ class CostModel(Protocol):
         ...
 
     def num_gpu_blocks(self, block_size: int, gpu_memory_utilization: float = 0.9,
-                       max_num_batched_tokens: int = 8192) -> int | None:
-        """KV cache blocks left after the weights, where the model knows the device's memory."""
+                       max_num_batched_tokens: int = 8192, kv_cache_memory: int | None = None) -> int | None:
+        """KV cache blocks left after the weights, where the model knows the device's memory (or in
+        `kv_cache_memory` bytes, vLLM's --kv-cache-memory-bytes, where given)."""
         ...
 
     def range_warning(self) -> str | None:
@@ -136,7 +137,7 @@ class CostModelDefaults:
         return None
 
     def num_gpu_blocks(self, block_size: int, gpu_memory_utilization: float = 0.9,
-                       max_num_batched_tokens: int = 8192) -> int | None:
+                       max_num_batched_tokens: int = 8192, kv_cache_memory: int | None = None) -> int | None:
         return None
 
     def range_warning(self) -> str | None:

@@ -166,8 +166,8 @@ class ResidualScaled(CostModelDefaults):
         return self.base.max_model_len
 
     def num_gpu_blocks(self, block_size: int, gpu_memory_utilization: float = 0.9,
-                       max_num_batched_tokens: int = 8192) -> int | None:
-        return self.base.num_gpu_blocks(block_size, gpu_memory_utilization, max_num_batched_tokens)
+                       max_num_batched_tokens: int = 8192, kv_cache_memory: int | None = None) -> int | None:
+        return self.base.num_gpu_blocks(block_size, gpu_memory_utilization, max_num_batched_tokens, kv_cache_memory)
 
     def range_warning(self) -> str | None:
         return self.base.range_warning()
