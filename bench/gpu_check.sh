@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The one prepared device check, under 8 minutes on one H200:
-#   1. the gpu-marked tests (greedy output vs transformers on CUDA, Triton/flash-attn vs the torch reference,
-#      CUDA graphs vs eager, KV sizing from --gpu-memory-utilization);
+#   1. the gpu-marked tests (greedy output vs transformers on CUDA, Triton/flash-attn and the fused Triton MoE
+#      vs the torch reference, CUDA graphs vs eager, KV sizing from --gpu-memory-utilization);
 #   2. kernel-profile bundles of Qwen3-0.6B and Llama-3.1-8B on this GPU (bench/gpu_profile.py, packed into
 #      $OUT), for `sim replay --cost-model BUNDLE_DIR` and the roofline's fit;
 #   3. the throughput benchmark in nano-vllm's shape (Qwen3-0.6B shape, dummy weights, 256 sequences,

@@ -161,3 +161,25 @@ def test_a_moe_config_with_more_experts_per_token_than_experts_is_one_line():
     cfg = {**mixtral_config().to_dict(), "num_experts_per_tok": 5}
     with pytest.raises(ValueError, match="num_experts_per_tok 5 is more than the 4 experts"):
         check_model_config(cfg, "mixtral", moe=True)
+
+
+def test_qwen3_30b_a3b_preset_builds_the_public_shape_without_allocating_it():
+    """On the meta device: the preset's 48 sparse layers of 128 experts, top-8 renormalised, and the
+    published 30.5B weights, with nothing materialised."""
+    from engine.model_executor.loader import build_model
+    from engine.model_executor.presets import get_preset, hf_config_from_dict
+
+    model = build_model(hf_config_from_dict(get_preset("qwen3-30b-a3b")), torch.bfloat16, "meta")
+    blocks = [m for m in model.modules() if isinstance(m, SparseMoeBlock)]
+    assert len(blocks) == 48 and all(p.is_meta for p in model.parameters())
+    assert {(b.num_experts, b.top_k, b.renormalize, b.w2_weight.shape[2]) for b in blocks} == {(128, 8, True, 768)}
+    assert abs(sum(p.numel() for p in model.parameters()) / 1e9 - 30.5) < 0.1
+
+
+def test_qwen3_30b_a3b_preset_resolves_to_an_engine_config():
+    from engine.config import EngineArgs
+
+    config = EngineArgs(model="qwen3-30b-a3b", device="cpu", max_model_len=4096).create_engine_config()
+    hf = config.model_config.hf_config
+    assert (config.model_config.source, hf.model_type, hf.num_experts, hf.num_key_value_heads) == \
+        ("preset", "qwen3_moe", 128, 4)

@@ -17,13 +17,14 @@ from engine.core.outputs import EngineCoreOutputs
 from engine.core.sched_output import SchedulerOutput
 from engine.core.step_cycle import StepCost, StepTimes
 from traces.runs import GridSpec, RunEntry, RunSpec
-from traces.schema import BLOCK_EVENT_COLUMNS, OPTIONAL_COLUMNS, TABLES, DecisionRow, StepRow
+from traces.schema import ADMISSION_COLUMNS, BLOCK_EVENT_COLUMNS, OPTIONAL_COLUMNS, TABLES, DecisionRow, StepRow
 
 # full: every table; steps: steps and requests (no decisions, block events or snapshots); none:
 # requests only (per-request metrics, for sweeps).
 TRACE_LEVELS = ("full", "steps", "none")
 _NO_BLOCKS: tuple[int, ...] = ()
 NO_ADMISSION_STOP = (None, None, None, None)  # a step whose waiting queue stopped for nothing
+NO_MOE_STATS = (None, None, None)  # a dense model's step, or a simulated one
 # The common step, every running request decoding one token, as one grid run of decision rows per step or
 # per decode run: (position, count, first step, n, request ids, computed counts at the first step,
 # {row: new block ids}).
@@ -34,9 +35,9 @@ DECODE_RUN = GridSpec(step="step", per_seat="request_id", counting="num_computed
 
 def _step_run_spec(num_usable_blocks: int) -> RunSpec:
     """A decode run's steps rows as one run entry: what differs between its steps per row, what is the
-    same in each of them per run, the rest constant."""
+    same in each of them per run, the rest constant (the MoE columns null: only a simulator runs them)."""
     return RunSpec(per_run=("num_decode_tokens", "num_scheduled_tokens", "num_running", "num_waiting",
-                            *OPTIONAL_COLUMNS["steps"]),
+                            *ADMISSION_COLUMNS),
                    per_row=("step", "start", "end", "kv_blocks_used", "schedule_time", "execute_time", "sample_time"),
                    constants={"num_prefill_tokens": 0, "num_preempted": 0, "prefix_hit_tokens": 0,
                               "kv_blocks_total": num_usable_blocks, "num_new_reqs": 0, "num_finished": 0})
@@ -270,6 +271,9 @@ class TraceRecorder(Generic[R]):
             num_usable = self._num_usable_blocks
             stop = so.admission_stop  # why the waiting queue stopped being admitted
             rid, reason, needed, available = NO_ADMISSION_STOP if stop is None else stop
+            moe = outputs.moe_stats  # a MoE model's routing (the live engine only)
+            moe_max, moe_mean, moe_tokens = NO_MOE_STATS if moe is None else (
+                moe.experts_active_max, moe.experts_active_mean, moe.expert_tokens_max)
             self._step_rows.append(StepRow(
                 step=step, start=t_schedule - t0, end=t_end - t0, num_prefill_tokens=so.num_prefill_tokens,
                 num_decode_tokens=so.num_decode_tokens, num_scheduled_tokens=so.total_num_scheduled_tokens,
@@ -278,7 +282,8 @@ class TraceRecorder(Generic[R]):
                 kv_blocks_total=num_usable, prefix_hit_tokens=so.prefix_hit_tokens,
                 num_new_reqs=len(so.scheduled_new_reqs), num_finished=num_finished, schedule_time=phases[0],
                 execute_time=phases[1], sample_time=phases[2], admission_blocked=reason,
-                admission_blocked_request=rid, admission_needed=needed, admission_available=available))
+                admission_blocked_request=rid, admission_needed=needed, admission_available=available,
+                moe_experts_active_max=moe_max, moe_experts_active_mean=moe_mean, moe_expert_tokens_max=moe_tokens))
         if not self._direct:
             self._rows_to_writer()
         writer.flush()

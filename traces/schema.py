@@ -12,8 +12,8 @@ TEMP_SUFFIX = ".tmp"
 
 
 class StepRow(NamedTuple):
-    """A row of the steps table, every column in order: version 1's, then the admission columns added
-    after it first shipped (OPTIONAL_COLUMNS). The one place the table's layout is written."""
+    """A row of the steps table, every column in order: version 1's, then the admission and MoE routing
+    columns added after it first shipped (OPTIONAL_COLUMNS). The one place the table's layout is written."""
 
     step: int
     start: float
@@ -36,6 +36,11 @@ class StepRow(NamedTuple):
     admission_blocked_request: str | None = None
     admission_needed: int | None = None
     admission_available: int | None = None
+    # A MoE model's routing, counted per MoE layer (engine.core.outputs.MoeStepStats); null for dense models,
+    # simulated steps and foreign recorders.
+    moe_experts_active_max: int | None = None
+    moe_experts_active_mean: float | None = None
+    moe_expert_tokens_max: int | None = None
 
 
 class DecisionRow(NamedTuple):
@@ -57,8 +62,11 @@ class DecisionRow(NamedTuple):
 
 
 _STEP_V1 = StepRow._fields.index("admission_blocked")
+_STEP_MOE = StepRow._fields.index("moe_experts_active_max")
 _DECISION_V1 = DecisionRow._fields.index("preempted_for")
 STEP_COLUMNS = StepRow._fields[:_STEP_V1]
+ADMISSION_COLUMNS = StepRow._fields[_STEP_V1:_STEP_MOE]
+MOE_COLUMNS = StepRow._fields[_STEP_MOE:]
 REQUEST_COLUMNS = (
     "request_id", "arrival", "queued", "first_scheduled", "first_token", "finish", "num_prompt_tokens",
     "num_output_tokens", "num_cached_tokens", "num_preemptions", "finish_reason", "priority", "max_tokens", "error",
@@ -76,7 +84,8 @@ TABLES = {
     "block_snapshots": BLOCK_SNAPSHOT_COLUMNS,
 }
 # Columns added after version 1 first shipped: written by current recorders, absent from older traces
-# (readers must not require them). Why admissions stopped in a step, and whom each preemption served.
+# (readers must not require them). Why admissions stopped in a step, whom each preemption served, and how
+# a MoE model's step was routed.
 OPTIONAL_COLUMNS = {"steps": StepRow._fields[_STEP_V1:], "decisions": DecisionRow._fields[_DECISION_V1:]}
 # Decision events: a request scheduled for some tokens, preempted, finished (stop/length), aborted,
 # rejected at admission.
@@ -92,7 +101,7 @@ def parquet_file(table: str) -> str:
 
 
 _FLOAT_COLUMNS = {"start", "end", "schedule_time", "execute_time", "sample_time", "arrival", "queued",
-                  "first_scheduled", "first_token", "finish", "num_computed_tokens"}
+                  "first_scheduled", "first_token", "finish", "num_computed_tokens", "moe_experts_active_mean"}
 _STR_COLUMNS = {"request_id", "event", "phase", "finish_reason", "kind", "error", "hash", "admission_blocked",
                 "admission_blocked_request", "preempted_for"}
 _INT_LIST_COLUMNS = {"blocks_gained", "blocks_freed", "block_ids", "prompt_token_ids", "output_token_ids"}

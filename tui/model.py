@@ -69,6 +69,9 @@ class RunIndex:
         self.kv_total = col("kv_blocks_total", np.int64)
         self.kv_frac = self.kv_used / np.maximum(self.kv_total, 1)
         self.preempt_pos = np.flatnonzero(self.num_preempted > 0)
+        # A MoE model's engine trace counts each step's routing; dense models, simulators and older traces do not.
+        moe = steps.get("moe_experts_active_max")
+        self.has_moe = moe is not None and bool(moe.notna().any())
         dec = trace.decisions
         if len(dec) and not dec["step"].is_monotonic_increasing:
             dec = dec.sort_values("step", kind="stable").reset_index(drop=True)

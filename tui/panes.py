@@ -49,7 +49,9 @@ class StepPane(Vertical):
         self.row_ids: dict[str, list[str]] = {}
 
     def show(self, run: RunIndex, pos: int, selected: str | None) -> None:
-        self.query_one("#step-summary", Static).update(views.step_summary(run, pos), layout=False)
+        summary = self.query_one("#step-summary", Static)
+        summary.styles.height = 4 if run.has_moe else 3  # the MoE routing line
+        summary.update(views.step_summary(run, pos), layout=False)
         rows, styles, ids = views.scheduled_rows(run, pos, selected)
         self.row_ids["scheduled"] = ids
         cursor = ids.index(selected) if selected in ids else 0

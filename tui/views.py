@@ -63,7 +63,8 @@ def title(run: RunIndex, pos: int, selected: str | None, runs: int) -> Text:
 
 
 def step_summary(run: RunIndex, pos: int) -> Text:
-    """Three lines: times, token/KV/queue counters, and who was preempted, admitted and finished."""
+    """Three lines: times, token/KV/queue counters, and who was preempted, admitted and finished; a
+    fourth with the routing counters in a MoE model's trace."""
     r = run.step_row(pos)
     t = Text(no_wrap=True, overflow="ellipsis")
     t.append(f"Step {int(r['step'])}", "bold")
@@ -84,7 +85,19 @@ def step_summary(run: RunIndex, pos: int) -> Text:
     for k, (label, ids, style) in enumerate(parts):
         t.append(("" if not k else " · ") + f"{label}: ")
         t.append(", ".join(map(str, ids)) or "-", style if len(ids) else "dim")
+    if run.has_moe:
+        t.append("\n" + moe_routing(r))
     return t
+
+
+def moe_routing(r: dict[str, Any]) -> str:
+    """A step's MoE counters in words (traces.schema MOE_COLUMNS)."""
+    most = as_float(r.get("moe_experts_active_max"))
+    if most != most:
+        return "MoE routing: not counted in this step"
+    return (f"MoE routing: {as_float(r.get('moe_experts_active_mean')):.1f} experts active per layer (most "
+            f"{int(most)}) · busiest expert {as_int(r.get('moe_expert_tokens_max'))} of "
+            f"{int(r['num_scheduled_tokens'])} tokens")
 
 
 def scheduled_rows(run: RunIndex, pos: int, selected: str | None) -> tuple[list[list[Cell]], list[str], list[str]]:

@@ -18,12 +18,26 @@ class LogprobsLists:
 
 
 @dataclass(slots=True)
+class MoeStepStats:
+    """How one step's tokens were routed, pooled over the model's MoE layers (engine.model_executor.layers.moe
+    `routing_counters` says why pooled): what a simulator needs to check its MoE pricing, without per-token
+    routing. Distinct experts counted per layer: their most over the layers and their mean; and the most
+    tokens any one expert received in any layer."""
+
+    experts_active_max: int
+    experts_active_mean: float
+    expert_tokens_max: int
+
+
+@dataclass(slots=True)
 class ModelRunnerOutput:
-    """One entry per scheduled request; a partial prefill samples nothing (an empty list)."""
+    """One entry per scheduled request; a partial prefill samples nothing (an empty list). `moe_stats` is
+    the step's routing in a MoE model, None for a dense one (and for runners that run no model)."""
 
     req_ids: list[str]
     sampled_token_ids: list[list[int]]
     logprobs: dict[str, LogprobsLists] | None = None
+    moe_stats: MoeStepStats | None = None
 
 
 @dataclass(slots=True)
@@ -57,3 +71,4 @@ class EngineCoreOutput(msgspec.Struct, gc=False):
 class EngineCoreOutputs:
     outputs: list[EngineCoreOutput] = field(default_factory=list)
     scheduler_stats: SchedulerStats | None = None
+    moe_stats: MoeStepStats | None = None  # the runner's, passed on for the trace

@@ -379,7 +379,7 @@ class Scheduler:
             for req in self._rejected:
                 outputs.append(EngineCoreOutput(req.request_id, [], finish_reason="error", stop_reason=req.error))
             self._rejected.clear()
-        return EngineCoreOutputs(outputs, self.make_stats())
+        return EngineCoreOutputs(outputs, self.make_stats(), model_runner_output.moe_stats)
 
     def _settle_placeholders(self, req: Request, num_new: int, stale: bool, status_before: RequestStatus) -> None:
         """Async scheduling only (see AsyncScheduler): sampled tokens replace output placeholders."""

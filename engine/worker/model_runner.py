@@ -16,13 +16,14 @@ from engine.core.sampling_params import SamplingParams
 from engine.core.sched_output import SchedulerOutput
 from engine.model_executor.forward_context import AttentionMetadata, set_forward_context
 from engine.model_executor.layers.cpu_linear import pack_linears
+from engine.model_executor.layers.moe import SparseMoeBlock, routing_counters
 from engine.model_executor.layers.sampler import Sampler, SamplerOutput, build_sampling_metadata
 from engine.model_executor.loader import KVCacheSpec, kv_cache_spec, load_model
 from engine.model_executor.models.llama import LlamaForCausalLM
 from engine.worker.cuda_graphs import GRAPH_BACKENDS, DecodeGraphs
 from engine.worker.input_batch import BatchInputs, CachedRequestState, build_batch
 from engine.worker.model_runner_output import (
-    PLACEHOLDER_TOKEN, STEP_OVERLAPS, PendingStep, PreparedStep, StepOutput, to_device)
+    PLACEHOLDER_TOKEN, STEP_OVERLAPS, MoeCounters, PendingStep, PreparedStep, StepOutput, to_device)
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -49,6 +50,7 @@ class ModelRunner:
         self.requests: dict[str, CachedRequestState] = {}
         self.sampler = Sampler()
         self.model: LlamaForCausalLM | None = None
+        self.moe_blocks: list[SparseMoeBlock] = []  # a MoE model's sparse blocks, whose routing each step counts
         self.kv_caches: list[torch.Tensor] = []
         self.graphs: DecodeGraphs | None = None
         # Launched steps whose tokens `sample_tokens` has not collected yet, oldest first.
@@ -73,6 +75,7 @@ class ModelRunner:
         model = load_model(mc.hf_config, mc.model_dir, mc.load_format, self.dtype, self.device, mc.seed,
                            attn_backend=self.config.device_config.attention_backend)
         self.model = model
+        self.moe_blocks = [m for m in model.modules() if isinstance(m, SparseMoeBlock)]
         if self.device.type == "cpu":
             packing = pack_linears(model, batch_size_hint=self.config.scheduler_config.max_num_seqs)
             if packing.upcast:
@@ -218,8 +221,9 @@ class ModelRunner:
                 raise pending.error
         batch = prep.batch
         sampled: list[list[int]] = [[] for _ in batch.req_ids]
+        moe = None if prep.moe is None else prep.moe.to_host()
         if pending.output is None:
-            return ModelRunnerOutput(batch.req_ids, sampled)
+            return ModelRunnerOutput(batch.req_ids, sampled, moe_stats=moe)
         tokens, lp = pending.output.to_host()
         for row, (token_ids, index), tok in zip(batch.sample_rows, prep.slots, tokens):
             token_ids[index] = tok
@@ -229,7 +233,7 @@ class ModelRunner:
             ids, lps, ranks = lp
             logprobs = {rid: LogprobsLists([ids[i][:k + 1]], [lps[i][:k + 1]], [ranks[i]])
                         for i, rid, k in prep.logprob_reqs}
-        return ModelRunnerOutput(batch.req_ids, sampled, logprobs)
+        return ModelRunnerOutput(batch.req_ids, sampled, logprobs, moe)
 
     def _prepare(self, so: SchedulerOutput) -> PreparedStep:
         """The step's host work: flatten the batch, send its inputs to the device, and mark each token
@@ -308,6 +312,8 @@ class ModelRunner:
         else:
             with set_forward_context(prep.metadata):
                 hidden = model(ids, prep.positions)
+        if self.moe_blocks:
+            prep.moe = MoeCounters(routing_counters(self.moe_blocks), len(self.moe_blocks))
         return None if prep.logits_index is None else model.compute_logits(hidden[prep.logits_index])
 
     def _sample(self, prep: PreparedStep, logits: torch.Tensor | None) -> StepOutput | None:

@@ -10,7 +10,8 @@ of three ways (`STEP_OVERLAPS`):
 - "thread": the "launch" work in a worker thread, so the CPU's main thread prepares the next step
   meanwhile; it need not pay, as a small model's forward is mostly Python and the threads share the GIL.
 In each, decode inputs whose token the previous step samples (the scheduler's placeholders) are copied
-from that step's sampled-id tensor where it lives, never through the host.
+from that step's sampled-id tensor where it lives, never through the host. A MoE model's routing counters
+travel to the host the same way as the sampled ids (`MoeCounters`).
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from engine.core.outputs import MoeStepStats
 from engine.model_executor.forward_context import AttentionMetadata
 from engine.model_executor.layers.sampler import LogprobsTensors, SamplerOutput, SamplingMetadata
 from engine.worker.input_batch import BatchInputs
@@ -48,6 +50,7 @@ class PreparedStep:
     # Per sample row: the request's token list and the index its placeholder holds there.
     slots: list[tuple[list[int], int]] = field(default_factory=list)
     logprob_reqs: list[tuple[int, str, int]] = field(default_factory=list)  # (sample row, request id, k)
+    moe: MoeCounters | None = None  # set by the forward of a MoE model
 
 
 class StepOutput:
@@ -79,6 +82,30 @@ class StepOutput:
             return self.sampled.tolist(), None
         return self.sampled.tolist(), (lp.logprob_token_ids.tolist(), lp.logprobs.tolist(),
                                        lp.selected_token_ranks.tolist())
+
+
+class MoeCounters:
+    """One step's routing counters (layers.moe `routing_counters`) on their way to the host: on CUDA
+    copied to pinned memory behind their own event (a step that samples nothing has no StepOutput), so
+    reading them never waits for the steps launched after this one."""
+
+    __slots__ = ("values", "num_layers", "event")
+
+    def __init__(self, values: torch.Tensor, num_layers: int) -> None:
+        self.num_layers = num_layers
+        self.event: torch.cuda.Event | None = None
+        if values.device.type != "cuda":
+            self.values = values
+            return
+        self.values = _to_pinned(values)
+        self.event = torch.cuda.Event(blocking=True)
+        self.event.record()
+
+    def to_host(self) -> MoeStepStats:
+        if self.event is not None:
+            self.event.synchronize()
+        most, total, tokens = self.values.tolist()
+        return MoeStepStats(most, total / self.num_layers, tokens)
 
 
 @dataclass(slots=True)
