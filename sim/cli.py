@@ -154,9 +154,10 @@ def add_deployment_flags(p: argparse.ArgumentParser) -> None:
                    "trace's, else auto: the model's dtype)")
     p.add_argument("--quantization", default=None, choices=("fp8", "none"),
                    help="fp8: linear weights at one byte, GEMMs at the GPU's FP8 peak (default: the trace's, else none)")
-    p.add_argument("--routing", default=None, metavar="balanced|zipf:S",
+    p.add_argument("--routing", default=None, metavar="balanced|zipf:S|TRACE_DIR",
                    help="how a mixture of experts' tokens pick experts, for the distinct experts a batch activates: "
-                   "balanced (uniform) or zipf:S (expert popularity a Zipf law of exponent S) (default: balanced)")
+                   "balanced (uniform), zipf:S (expert popularity a Zipf law of exponent S) or the counts an engine "
+                   "trace of the model recorded (default: balanced)")
 
 
 def deployment_of(args: argparse.Namespace, source: Source) -> Deployment:

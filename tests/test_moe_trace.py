@@ -136,3 +136,19 @@ def test_the_step_view_shows_a_moe_steps_routing(moe_trace):
 
 def test_the_step_view_of_a_trace_without_counters_says_nothing_of_moe(moe_trace, tmp_path):
     assert "MoE" not in step_view_text(without_moe_columns(moe_trace, tmp_path / "old"))
+
+
+def test_a_moe_trace_gives_the_simulator_its_recorded_routing(moe_trace):
+    from sim.cost_models.routing import routing_model
+
+    recorded = routing_model(str(moe_trace))
+    steps = traces.load(moe_trace).steps
+    one = steps[steps["num_scheduled_tokens"] == recorded.tokens[0]]["moe_experts_active_mean"].mean()
+    assert recorded.rank_load(recorded.tokens[0], EXPERTS, TOP_K, 1)[0] == pytest.approx(one)
+
+
+def test_a_dense_trace_as_routing_is_one_line(tmp_path):
+    from sim.cost_models.routing import routing_model
+
+    with pytest.raises(ValueError, match="recorded no MoE routing"):
+        routing_model(str(engine_trace(tmp_path / "dense", prompt_lengths=(5,))))

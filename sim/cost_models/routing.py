@@ -1,7 +1,7 @@
 """How many distinct experts a batch activates: the number a fused MoE block's time follows (each
 activated expert's weights are read once, whatever its token count), so the price of a sparse layer is
 a price of routing. Three models: balanced (each token's top-k uniform over the experts), skewed (expert
-popularity a Zipf law), or the counts an engine trace recorded for each batch size.
+popularity a Zipf law), or the counts an engine trace recorded for each batch size (`--routing TRACE_DIR`).
 
 Under expert parallelism each rank holds a slice of the experts and the step waits for the busiest:
 `rank_load` gives the distinct experts and the share of routed (token, expert) pairs of that rank.
@@ -11,6 +11,7 @@ from __future__ import annotations
 import bisect
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol
 
 
@@ -101,14 +102,31 @@ class Recorded:
         return min(self.at(tokens), experts) / ranks, 1.0 / ranks
 
 
+def recorded_routing(path: str) -> Recorded:
+    """The distinct experts per MoE layer an engine trace recorded (its steps' moe_experts_active_mean),
+    averaged over the steps of each token count."""
+    import traces
+
+    steps = traces.load(path).steps
+    column = "moe_experts_active_mean"
+    if column not in steps.columns or steps[column].isna().all():
+        raise ValueError(f"--routing {path}: the trace recorded no MoE routing (a dense model, a simulated run, "
+                         "or a trace from before the counters)")
+    steps = steps[steps[column].notna() & (steps["num_scheduled_tokens"] > 0)]
+    by_tokens = steps.groupby("num_scheduled_tokens")[column].mean().sort_index()
+    return Recorded([int(t) for t in by_tokens.index], [float(a) for a in by_tokens], name=f"recorded:{path}")
+
+
 def routing_model(spec: str) -> RoutingModel:
-    """`balanced` or `zipf:EXPONENT` (a recorded model comes from a trace: `recorded_routing`)."""
+    """`balanced`, `zipf:EXPONENT`, or an engine trace directory whose steps recorded MoE routing."""
     if spec == "balanced":
         return Balanced()
+    if spec and not spec.startswith("zipf:") and Path(spec).is_dir():
+        return recorded_routing(spec)
     kind, _, value = spec.partition(":")
     if kind == "zipf":
         try:
             return Zipf(float(value))
         except ValueError:
             pass
-    raise ValueError(f"--routing: balanced or zipf:EXPONENT (e.g. zipf:1.2), got {spec!r}")
+    raise ValueError(f"--routing: balanced, zipf:EXPONENT (e.g. zipf:1.2) or an engine trace directory, got {spec!r}")
