@@ -170,7 +170,7 @@ def test_zipf_exponent_zero_is_balanced():
 
 
 def test_bad_routing_is_one_line():
-    with pytest.raises(ValueError, match="--routing: balanced or zipf:EXPONENT"):
+    with pytest.raises(ValueError, match="--routing: balanced, zipf:EXPONENT"):
         routing_model("zipf:steep")
 
 
@@ -245,8 +245,9 @@ def _request(i: int, prompt: int, output: int, at: float = 0.0) -> SimRequest:
                       add_time=at, num_prompt_tokens=prompt)
 
 
-def _cluster(cost: _Priced, dp: int = 2, pad: bool = True) -> Cluster:
-    sched = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=256, max_model_len=1024, async_scheduling=False)
+def _cluster(cost: _Priced, dp: int = 2, pad: bool = True, async_scheduling: bool = False) -> Cluster:
+    sched = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=256, max_model_len=1024,
+                            async_scheduling=async_scheduling)
     return Cluster(1, sched, CacheConfig(num_gpu_blocks=256, enable_prefix_caching=False), cost,
                    data_parallel_size=dp, enforce_eager=not pad)
 
@@ -277,6 +278,14 @@ def test_one_request_finishes_as_on_a_single_engine_but_the_group_steps_it():
     result = _cluster(cost, pad=False).run([_request(0, 10, 3)])
     assert result.requests is not None and set(result.requests["finish_reason"]) == {"length"}
     assert set(result.requests["replica"]) == {0}
+
+
+def test_async_scheduling_ranks_keep_two_steps_in_flight_and_finish_every_request():
+    cost = _Priced()
+    result = _cluster(cost, pad=False, async_scheduling=True).run([_request(i, 10 + i, 5, at=0.001 * i)
+                                                                  for i in range(6)])
+    assert result.requests is not None and list(result.requests["num_output_tokens"]) == [5] * 6
+    assert set(result.requests["replica"]) == {0, 1}
 
 
 # ---- vLLM's data-parallel load balancing ----

@@ -15,25 +15,13 @@ from engine.builtin import BUILTIN_DIR
 from engine.core import CacheConfig, SchedulerConfig
 from sim.core.simulator import Simulator
 from sim.core.sources import SimRequest
-from sim.cost_models.base import CostModelDefaults, CostModelInfo, StepTiming
 from traces.schema import MOE_COLUMNS
 from tui.app import StepscopeApp
 from tui.loader import open_trace
 from tui.model import RunIndex
+from test_tui_reasons import _FixedCost
 
 EXPERTS, TOP_K = 8, 2
-
-
-class _FixedCost(CostModelDefaults):
-    """Every simulated step takes 10 ms."""
-
-    name = "fixed-test"
-
-    def step_time(self, batch, step: int) -> StepTiming:
-        return StepTiming(0.01)
-
-    def describe(self) -> CostModelInfo:
-        return CostModelInfo(name=self.name, meta={"step": 0.01})
 
 
 def tiny_moe_model(path, num_layers: int):

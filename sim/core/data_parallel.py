@@ -20,12 +20,11 @@ change (vllm/v1/engine/coordinator.py). Versions between are taken to have 0.19'
 """
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 
 from engine.core.request import Request
-from sim.core.replica import Loop, Replica, Wait
+from sim.core.replica import EngineLoop, Loop, Replica, Wait
 from sim.core.sources import SimRequest
 from sim.cost_models.base import StepTiming
 from sim.cost_models.batch import StepBatch, batch_from_output
@@ -93,10 +92,12 @@ class DPLoadBalancer:
         self.loads[rank].in_flight -= 1
 
 
-class DataParallelEngine:
+class DataParallelEngine(EngineLoop):
     """N data-parallel ranks as one engine of the cluster: the router sends it requests, it assigns them
-    to ranks and steps the ranks together. Ranks are `Replica`s whose parts (scheduler, step cycle,
-    runner, recorder) it drives; their own step policy never runs."""
+    to ranks and steps the ranks together, through the engine loop every replica runs (EngineLoop).
+    Ranks are `Replica`s whose parts (scheduler, step cycle, runner, recorder) it drives; their own loop
+    never runs. Recorded step starts, external finishes, decode runs and a calibrated intake are one
+    engine core's: a data-parallel engine has none."""
 
     def __init__(self, index: int, cluster: Loop, ranks: list[Replica], graph_tokens: int = 0,
                  vllm_version: str | None = None) -> None:
@@ -110,6 +111,7 @@ class DataParallelEngine:
         self.owner: dict[str, int] = {}
         self.now = 0.0
         self.inbox: list[tuple[Request, SimRequest]] = []
+        self.external: dict[int, list[tuple[str, str]]] = {}
         self.stepping = False
         self.idle = False
         self.policy: Generator[Wait, float, None] = self.steps()
@@ -134,25 +136,48 @@ class DataParallelEngine:
         for r in self.ranks:
             r.release()
 
-    # ---- requests in, steps out ----
+    # ---- requests in ----
+    def add(self, req: Request, sim_req: SimRequest) -> None:
+        """Assign the request to a rank as the front end does, and add it there now."""
+        self.balancer.snapshot(self.now, self.ranks)
+        rank = self.balancer.assign()
+        r = self.ranks[rank]
+        r.now = self.now
+        r.add(req, sim_req)
+        if req.is_finished():  # rejected on add
+            self.balancer.finished(rank)
+        else:
+            self.owner[req.request_id] = rank
+
     def _take_inbox(self) -> None:
-        """Each arrival assigned to a rank as the front end assigns it, at its arrival."""
-        inbox, self.inbox = self.inbox, []
-        for req, sim_req in inbox:
+        for req, sim_req in self._drain():
             self.now = max(self.now, sim_req.add_time)
-            self.balancer.snapshot(self.now, self.ranks)
-            rank = self.balancer.assign()
-            r = self.ranks[rank]
-            r.now = self.now
-            r.add(req, sim_req)
-            if req.is_finished():  # rejected on add
-                self.balancer.finished(rank)
-            else:
-                self.owner[req.request_id] = rank
+            self.add(req, sim_req)
+
+    def _drain(self) -> list[tuple[Request, SimRequest]]:
+        inbox, self.inbox = self.inbox, []
+        return inbox
+
+    def finish_external(self, items: list[tuple[str, str]]) -> None:
+        raise ValueError("external finishes are one engine core's: a data-parallel engine has none")
+
+    # ---- steps ----
+    def _busy(self) -> bool:
+        return any(r.scheduler.running or r.cycle.has_work() for r in self.ranks)
+
+    def _in_flight(self) -> bool:
+        return bool(self.ranks[0].cycle.in_flight)  # every rank launches every step: their queues are alike
+
+    def _decode_run(self, step: int) -> tuple[int, float]:
+        return 0, self.now
+
+    def _steps_finished(self) -> int:
+        return self.ranks[0].cycle.num_steps
 
     def _launch(self, step: int) -> tuple[float, bool]:
         """Schedule and launch one step on every rank (an idle one's empty schedule stands for its dummy
-        batch) and price them together: the group's step lasts its slowest rank's."""
+        batch) and price them together: (the group's step, which lasts its slowest rank's; whether the
+        batch queue takes another step first)."""
         batches = []
         for r in self.ranks:
             r.now = self.now
@@ -172,7 +197,8 @@ class DataParallelEngine:
         longest = max(t.total for t in timings)
         for (entry, _), t in zip(batches, timings):  # each rank's device waits for the slowest
             entry.cost = StepTiming(longest - t.host - t.gap, t.host, t.gap)
-        return longest, any(entry.so.total_num_scheduled_tokens for entry, _ in batches)
+        ahead = any(r.cycle.may_schedule_ahead(entry.so) for r, (entry, _) in zip(self.ranks, batches))
+        return longest, ahead
 
     def finish_step(self) -> None:
         """The group's step ends on every rank at once."""
@@ -186,46 +212,8 @@ class DataParallelEngine:
                     if out.finish_reason is not None and self.owner.pop(out.request_id, None) is not None:
                         self.balancer.finished(i)
 
-    def _has_work(self) -> bool:
-        return any(r.cycle.has_work() for r in self.ranks)
-
-    def steps(self) -> Generator[Wait, float, None]:
-        """The ranks' engine-core loops run together: while any rank has work every rank launches a step
-        (vLLM's batch queue of the cycles' depth: 2 is async scheduling), and each step's outputs apply
-        at the group's step end; with no work anywhere the group waits for a request."""
-        cluster, ranks = self.cluster, self.ranks
-        ends: deque[float] = deque()
-        device_free = 0.0
-        launched = 0
-        while True:
-            if self.now > cluster.now:
-                yield self.now
-            self._take_inbox()
-            if self._has_work():
-                length, scheduled = self._launch(launched)
-                device_free = (device_free if device_free > self.now else self.now) + length
-                launched += 1
-                ends.append(device_free)
-                lead = ranks[0].cycle  # every rank launches every step: their queues are alike
-                if len(lead.in_flight) < lead.batch_queue_size and (scheduled or self._has_work()):
-                    continue
-            elif not ranks[0].cycle.in_flight:
-                self.now = max(self.now, (yield from self._next_request()))
-                continue
-            end = ends.popleft()
-            if end > self.now:
-                self.now = end
-            self.stepping = True
-            yield self.now
-            if self._has_work() and all(r.last is not None and r.cycle.did_nothing(*r.last) for r in ranks):
-                # Nothing ran anywhere and nothing can until a request arrives: wait for one.
-                self.now = max(self.now, (yield from self._next_request()))
-
-    def _next_request(self) -> Generator[Wait, float, float]:
-        if self.inbox:
-            return self.inbox[0][1].add_time
-        self.idle = True
-        return (yield None)
+    def _stalled(self) -> bool:
+        return self._busy() and all(r.last is not None and r.cycle.did_nothing(*r.last) for r in self.ranks)
 
 
 def _minor(version: str) -> tuple[int, int]:

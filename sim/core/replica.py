@@ -15,6 +15,7 @@ steps (`external`), and how an idle engine takes in a burst (`sim.cost_models.in
 from __future__ import annotations
 
 from collections import deque
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Generator, Sequence
 from typing import Protocol
 
@@ -50,7 +51,130 @@ class Loop(Protocol):
     def ended(self, req: Request) -> None: ...
 
 
-class Replica:
+class EngineLoop(ABC):
+    """The engine core's loop, written once for every engine the cluster drives: one replica (one engine
+    core) or a data-parallel engine stepping several in lockstep (sim.core.data_parallel). What differs
+    between them is how a step is launched and what counts as work, the hooks below."""
+
+    cluster: Loop
+    now: float
+    inbox: list[tuple[Request, SimRequest]]
+    idle: bool
+    stepping: bool
+    step_start: Callable[[int], float | None] | None = None
+    intake: Intake | None = None
+    external: dict[int, list[tuple[str, str]]]
+
+    @abstractmethod
+    def _busy(self) -> bool:
+        """Anything running or left to schedule, or outputs pending."""
+
+    @abstractmethod
+    def _in_flight(self) -> bool:
+        """A launched step not yet finished."""
+
+    @abstractmethod
+    def _launch(self, step: int) -> tuple[float, bool]:
+        """Schedule, price and launch step `step`: (its seconds, whether the batch queue takes another
+        before this one finishes)."""
+
+    @abstractmethod
+    def _stalled(self) -> bool:
+        """The step just finished did nothing, and nothing can run until a request arrives."""
+
+    @abstractmethod
+    def _decode_run(self, step: int) -> tuple[int, float]:
+        """Steps a decode run took at once from `step` on, and when it ended ((0, now): none)."""
+
+    @abstractmethod
+    def _steps_finished(self) -> int:
+        """Steps finished so far (what external finishes are keyed by)."""
+
+    @abstractmethod
+    def _take_inbox(self) -> None:
+        """Add what was routed here, each at its own arrival up to the step's start."""
+
+    @abstractmethod
+    def _drain(self) -> list[tuple[Request, SimRequest]]: ...
+
+    @abstractmethod
+    def add(self, req: Request, sim_req: SimRequest) -> None: ...
+
+    @abstractmethod
+    def finish_external(self, items: list[tuple[str, str]]) -> None: ...
+
+    # ---- the step policy ----
+    def steps(self) -> Generator[Wait, float, None]:
+        """The engine core's loop with a batch queue of the cycle's depth: 1 is synchronous scheduling, 2
+        vLLM's async scheduling, where the next step is scheduled as soon as the one before it is
+        launched (host time hidden behind device time), runs on the device when that one ends, and its
+        outputs apply at its own end. A recorded replay launches each step no earlier than it was
+        recorded (while there is something to take in or step); external finishes apply after the step
+        they followed; decode-only stretches are taken as runs where the replica has them."""
+        cluster = self.cluster
+        step_start, intake, external = self.step_start, self.intake, self.external
+        per_request = intake.per_request_s if intake is not None else 0.0
+        ends: deque[float] = deque()  # when each step in flight leaves the device
+        device_free = 0.0
+        launched = 0  # steps launched, a run's included: the index a step is priced and recorded under
+        woke, cold = False, 0.0
+        while True:
+            if external and (done := self._steps_finished()) in external:
+                self.finish_external(external.pop(done))
+            start = self.now
+            if step_start is not None and (hinted := step_start(launched)) is not None and hinted > start:
+                nxt = cluster.next_arrival
+                if self._busy() or self.inbox or (nxt is not None and nxt <= hinted):
+                    start = hinted
+            if start > cluster.now:  # what arrives until then is added; what arrives while adding waits a step
+                yield start
+            if woke:  # each add after an idle wake-up delays the step (sim.cost_models.intake)
+                for item in self._drain():
+                    self.add(*item)
+                    self.now += per_request
+                start, woke = self.now, False
+            else:
+                self._take_inbox()  # each added at its own arrival, up to the step's start
+            # The run's cold first add: what arrives meanwhile waits a step (sim.cost_models.intake).
+            self.now, cold = (start if start > self.now else self.now) + cold, 0.0
+            if self._busy():
+                done, end = self._decode_run(launched)
+                if done:
+                    self.now = end
+                    launched += done
+                    continue
+                length, ahead = self._launch(launched)
+                device_free = (device_free if device_free > self.now else self.now) + length
+                launched += 1
+                ends.append(device_free)
+                if ahead:
+                    continue
+            elif not self._in_flight():
+                self.now = max(self.now, (yield from self._next_request()))
+                if intake is not None:
+                    look, cold = intake.wake()
+                    self.now += look
+                    woke = True
+                continue
+            end = ends.popleft()
+            if end > self.now:
+                self.now = end
+            self.stepping = True
+            yield self.now
+            if self._stalled() and (step_start is None or step_start(launched) is None):
+                # Nothing ran and nothing can until a request arrives here: wait for one.
+                self.now = max(self.now, (yield from self._next_request()))
+
+    def _next_request(self) -> Generator[Wait, float, float]:
+        """When the next request routed here arrived: one already in the inbox, else wait for one."""
+        if self.inbox:
+            return self.inbox[0][1].add_time
+        self.idle = True
+        return (yield None)
+
+
+
+class Replica(EngineLoop):
     """One engine replica: its scheduler, runner, inbox of routed requests and step policy."""
 
     def __init__(self, index: int, cluster: Loop, scheduler_config: SchedulerConfig,
@@ -183,86 +307,39 @@ class Replica:
                 if req is not None:
                     cluster.ended(req)
 
-    # ---- the step policy ----
-    def steps(self) -> Generator[Wait, float, None]:
-        """The engine core's loop with a batch queue of the cycle's depth: 1 is synchronous scheduling, 2
-        vLLM's async scheduling, where the next step is scheduled as soon as the one before it is
-        launched (host time hidden behind device time), runs on the device when that one ends, and its
-        outputs apply at its own end. A recorded replay launches each step no earlier than it was
-        recorded (while there is something to take in or step); external finishes apply after the step
-        they followed; decode-only stretches are taken as runs where the replica has them."""
-        cycle, sched, cluster = self.cycle, self.scheduler, self.cluster
-        step_start, intake, external = self.step_start, self.intake, self.external
-        per_request = intake.per_request_s if intake is not None else 0.0
-        ends: deque[float] = deque()  # when each step in flight leaves the device
-        device_free = 0.0
-        launched = 0  # steps launched, a run's included: the index a step is priced and recorded under
-        woke, cold = False, 0.0
-        while True:
-            if external and cycle.num_steps in external:
-                self.finish_external(external.pop(cycle.num_steps))
-            start = self.now
-            if step_start is not None and (hinted := step_start(launched)) is not None and hinted > start:
-                nxt = cluster.next_arrival
-                if cycle.has_work() or self.inbox or (nxt is not None and nxt <= hinted):
-                    start = hinted
-            if start > cluster.now:  # what arrives until then is added; what arrives while adding waits a step
-                yield start
-            if woke:  # each add after an idle wake-up delays the step (sim.cost_models.intake)
-                for item in self._drain():
-                    self.add(*item)
-                    self.now += per_request
-                start, woke = self.now, False
-            else:
-                self._take_inbox()  # each added at its own arrival, up to the step's start
-            # The run's cold first add: what arrives meanwhile waits a step (sim.cost_models.intake).
-            self.now, cold = (start if start > self.now else self.now) + cold, 0.0
-            if sched.running or cycle.has_work():  # anything running is work: skip the queue checks
-                if self.runs is not None and not cycle.in_flight:
-                    done, end = self.runs.advance(self.now, launched, cluster.next_arrival, self._run_limit(launched))
-                    if done:
-                        self.now = end
-                        cycle.count_decode_run(done)
-                        launched += done
-                        continue
-                so, timing = launch(cycle, cluster.cost_model, launched)
-                if self.headroom is not None:
-                    self.headroom.scheduled(so, sched.requests, len(sched.running))
-                device_free = (device_free if device_free > self.now else self.now) + timing.total
-                launched += 1
-                ends.append(device_free)
-                if cycle.may_schedule_ahead(so):
-                    continue
-            elif not cycle.in_flight:
-                self.now = max(self.now, (yield from self._next_request()))
-                if intake is not None:
-                    look, cold = intake.wake()
-                    self.now += look
-                    woke = True
-                continue
-            end = ends.popleft()
-            if end > self.now:
-                self.now = end
-            self.stepping = True
-            yield self.now
-            so, outputs = self._last_step()
-            if (cycle.did_nothing(so, outputs) and cycle.has_work()
-                    and (step_start is None or step_start(launched) is None)):
-                # Nothing ran and nothing can until a request arrives here: wait for one.
-                self.now = max(self.now, (yield from self._next_request()))
+    # ---- the step policy's view of this engine core (EngineLoop) ----
+    def _busy(self) -> bool:
+        return bool(self.scheduler.running) or self.cycle.has_work()
+
+    def _in_flight(self) -> bool:
+        return bool(self.cycle.in_flight)
+
+    def _launch(self, step: int) -> tuple[float, bool]:
+        so, timing = launch(self.cycle, self.cluster.cost_model, step)
+        if self.headroom is not None:
+            sched = self.scheduler
+            self.headroom.scheduled(so, sched.requests, len(sched.running))
+        return timing.total, self.cycle.may_schedule_ahead(so)
+
+    def _stalled(self) -> bool:
+        so, outputs = self._last_step()
+        return self.cycle.did_nothing(so, outputs) and self.cycle.has_work()
+
+    def _decode_run(self, step: int) -> tuple[int, float]:
+        if self.runs is None or self.cycle.in_flight:
+            return 0, self.now
+        done, end = self.runs.advance(self.now, step, self.cluster.next_arrival, self._run_limit(step))
+        self.cycle.count_decode_run(done)
+        return done, end
+
+    def _steps_finished(self) -> int:
+        return self.cycle.num_steps
 
     def _last_step(self) -> tuple[SchedulerOutput, EngineCoreOutputs]:
         """The step `finish_step` applied, which the policy waited for."""
         if self.last is None:
             raise RuntimeError(f"replica {self.index}: resumed at a step's end before the step was applied")
         return self.last
-
-    def _next_request(self) -> Generator[Wait, float, float]:
-        """When the next request routed here arrived: one already in the inbox, else wait for one."""
-        if self.inbox:
-            return self.inbox[0][1].add_time
-        self.idle = True
-        return (yield None)
 
     def _drain(self) -> list[tuple[Request, SimRequest]]:
         inbox, self.inbox = self.inbox, []
