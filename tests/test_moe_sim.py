@@ -189,6 +189,20 @@ def test_data_parallel_moe_block_runs_the_group_s_tokens_and_pays_the_gather():
     assert grouped > alone
 
 
+def test_data_parallel_dispatch_is_priced_from_the_gpu_s_measured_nccl_collectives():
+    model = RooflineCostModel.from_args(model=QWEN3_30B_A3B, hardware="rtx-pro-6000",
+                                        deployment=Deployment(data_parallel_size=2, enable_expert_parallel=True))
+    assert model.collectives is not None and "NCCL" in model.describe().meta["collectives"]
+    assert model.collective("all_gather", 4 << 20) == pytest.approx(model.collectives.time("all_gather", 4 << 20, 2))
+
+
+def test_data_parallel_dispatch_on_a_gpu_nobody_measured_is_priced_from_its_link():
+    model = RooflineCostModel.from_args(model=QWEN3_30B_A3B, hardware="rtx-4090",
+                                        deployment=Deployment(data_parallel_size=2, enable_expert_parallel=True))
+    hw = model.hardware
+    assert model.collective("all_gather", 4 << 20) == pytest.approx(hw.gather_time((4 << 20) / 2, 2))
+
+
 @needs_data
 def test_bundle_moe_table_gives_the_measured_time_at_a_grid_point():
     kernels = ProfileKernels(BUNDLE, 1)

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from sim.cost_models.batch import StepBatch
+from sim.cost_models.collectives import measured_collectives
 from sim.cost_models.base import CostModelDefaults, CostModelInfo, StepTiming
 from sim.cost_models.hardware import Hardware
 from sim.cost_models.model_shape import ModelShape, rank_shape
@@ -136,6 +137,7 @@ class KernelSumCostModel(CostModelDefaults):
         self.dp = d.data_parallel_size
         self.expert_parallel = d.enable_expert_parallel and shape.is_moe
         self.routing: RoutingModel = d.routing_model()
+        self.collectives = measured_collectives(hardware.name) if self.dp > 1 and shape.is_moe else None
         self.async_scheduling = async_scheduling
         self._attention_ops = tuple((op, calls) for op, calls in ATTENTION_OPS if op != "qk_norm" or self.rank.qk_norm)
         self._dense_layers = shape.num_layers - shape.num_moe_layers
@@ -185,9 +187,16 @@ class KernelSumCostModel(CostModelDefaults):
         the group's hidden states before it and the reduce-scatter after."""
         time = self.timer.moe(self.moe_call(tokens))
         if self.dp > 1:
-            piece = tokens / self.dp * self.shape.hidden * self.shape.dtype_bytes
-            time += 2 * self.hardware.gather_time(piece, self.tp * self.dp)
+            total = tokens * self.shape.hidden * self.shape.dtype_bytes
+            time += self.collective("all_gather", total) + self.collective("reduce_scatter", total)
         return time
+
+    def collective(self, op: str, nbytes: float) -> float:
+        """An all-gather or reduce-scatter of `nbytes` in all over the dp x tp GPUs: as NCCL was measured on
+        the GPU (sim.cost_models.collectives), else from the link (each GPU's share crossing it)."""
+        gpus = self.tp * self.dp
+        measured = self.collectives.time(op, nbytes, gpus) if self.collectives is not None else None
+        return measured if measured is not None else self.hardware.gather_time(nbytes / gpus, gpus)
 
     def all_reduce(self, tokens: int) -> float:
         """One all-reduce of the hidden states of `tokens` tokens across the ranks (0 on one GPU): measured
@@ -273,6 +282,7 @@ class KernelSumCostModel(CostModelDefaults):
             "name": self.name, "source": self.timer.source, "kernels": self.timer.describe(),
             "model": self.shape.describe(), "hardware": self.hardware.to_dict(), "tensor_parallel_size": self.tp,
             "data_parallel_size": self.dp, "enable_expert_parallel": self.expert_parallel,
+            "collectives": self.collectives.source if self.collectives is not None else "the hardware's link model",
             "routing": self.routing.name if self.shape.is_moe else None, "async_scheduling": self.async_scheduling})
 
 
