@@ -135,7 +135,8 @@ def test_a_config_json_file_and_a_directory_holding_one_give_the_dict_s_shape(tm
     ({"num_hidden_layers": -1}, "num_hidden_layers"),
     ({"num_key_value_heads": 3}, "num_key_value_heads"),
     ({"vocab_size": 0}, "vocab_size"),
-    ({"model_type": "mixtral", "num_local_experts": 8}, "mixtral"),
+    ({"model_type": "gpt_oss", "num_local_experts": 8}, "gpt_oss"),
+    ({"model_type": "mixtral", "num_local_experts": 8}, "num_experts_per_tok"),
 ])
 def test_a_bad_model_config_is_a_one_line_error_naming_the_field_or_type(change, named):
     with pytest.raises(ValueError) as e:
