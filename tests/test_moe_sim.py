@@ -13,6 +13,7 @@ from engine.core.config import CacheConfig, SchedulerConfig
 from sim.core.cluster import Cluster
 from sim.core.data_parallel import DPLoadBalancer
 from sim.core.sources import SimRequest
+from sim.cost_models import get_cost_model
 from sim.cost_models.base import CostModelDefaults, CostModelInfo, StepTiming
 from sim.cost_models.batch import StepBatch
 from sim.cost_models.deployment import Deployment
@@ -411,3 +412,18 @@ def test_replay_sizes_the_kv_cache_from_the_run_s_recorded_kv_cache_bytes(tmp_pa
                  "--trace", str(tmp_path / "r"), "--no-progress"]) == 0
     per_block = 16 * model_shape("llama-3.1-8b").kv_bytes_per_token
     assert traces.load(tmp_path / "r").meta["kv_cache"]["num_blocks"] == (1 << 30) // per_block
+
+
+def test_aiconfigurator_prices_fp8_weights_from_its_fp8_gemm_tables():
+    bf16, fp8 = (get_cost_model("aiconfigurator", model="llama-3.1-8b", hardware="h200",
+                                deployment=Deployment(quantization=q)) for q in (None, "fp8"))
+    prefill = StepBatch(2048, 0, 1, 0, 2048, 2048 * 1024.5, [(2048, 0)], 0, 0)
+    assert fp8.breakdown(prefill)["gate_up_proj"] < 0.8 * bf16.breakdown(prefill)["gate_up_proj"]
+    assert fp8.breakdown(prefill)["lm_head"] == bf16.breakdown(prefill)["lm_head"]
+
+
+def test_roofline_prices_fp8_weights_at_the_fp8_peak():
+    bf16, fp8 = (RooflineCostModel.from_args(model="llama-3.1-8b", hardware="h100", deployment=Deployment(quantization=q))
+                 for q in (None, "fp8"))
+    prefill = StepBatch(4096, 0, 1, 0, 4096, 4096 * 2048.5, [(4096, 0)], 0, 0)
+    assert fp8.breakdown(prefill)["gate_up_proj"] < 0.6 * bf16.breakdown(prefill)["gate_up_proj"]

@@ -77,19 +77,27 @@ def read_table(path: str) -> pd.DataFrame:
     return pd.read_parquet(path) if path.endswith(".parquet") else pd.read_csv(path, skipinitialspace=True)
 
 
-def bf16_gemm(path: str) -> pd.DataFrame:
+GEMM_DTYPES = {"bf16": ("bfloat16", "float16"), "fp8": ("fp8",)}  # fp8: per-tensor scaled, vLLM's --quantization fp8
+
+
+def bf16_gemm(path: str, dtype: str = "bf16") -> pd.DataFrame:
+    """The table's GEMMs of one dtype (`bf16`, or `fp8` where it measured them: empty otherwise)."""
     df = read_table(path)
     df = df[df["latency"] > 0]
-    df = df[df["gemm_dtype"].isin(("bfloat16", "float16"))] if "gemm_dtype" in df else df
+    if "gemm_dtype" in df:
+        df = df[df["gemm_dtype"].isin(GEMM_DTYPES[dtype])]
+    elif dtype != "bf16":
+        return df.iloc[:0]
     if "kernel_source" in df and df["kernel_source"].nunique() > 1:  # one kernel per shape: the best-covered
         df = df[df["kernel_source"] == df["kernel_source"].value_counts().idxmax()]
     return df
 
 
 @lru_cache(maxsize=16)
-def gemm_grid(path: str) -> tuple[dict[tuple[int, int], tuple[list[float], list[float]]], list[int], list[int]]:
-    """{(n, k): (m, seconds)} of the bf16 GEMMs, with the sorted n and k grids."""
-    mean = bf16_gemm(path).groupby(["n", "k", "m"])["latency"].mean()  # sorted by n, k, then m
+def gemm_grid(path: str, dtype: str = "bf16") -> tuple[dict[tuple[int, int], tuple[list[float], list[float]]],
+                                                        list[int], list[int]]:
+    """{(n, k): (m, seconds)} of the GEMMs of `dtype`, with the sorted n and k grids (empty: none measured)."""
+    mean = bf16_gemm(path, dtype).groupby(["n", "k", "m"])["latency"].mean()  # sorted by n, k, then m
     n, k, m = (mean.index.get_level_values(i).to_numpy() for i in range(3))
     t = mean.to_numpy() * MS
     starts = [0, *(i for i in range(1, len(n)) if n[i] != n[i - 1] or k[i] != k[i - 1]), len(n)]

@@ -78,7 +78,7 @@ class AIConfiguratorKernels:
         self.outside = 0
         self._dense: dict[str, Any] = {}
         self._sequence: dict[str, Any] = {}
-        self._gemms: dict[tuple[int, int], LogCurve] = {}
+        self._gemms: dict[tuple[int, int, str], LogCurve] = {}
         self._context: LogCurve | None = None
         self._decode: BatchGrid | None = None
         self._all_reduce: dict[tuple[int, bool], LogCurve | None] = {}
@@ -160,13 +160,17 @@ class AIConfiguratorKernels:
 
     # --- GEMMs ----------------------------------------------------------------------------------------
 
-    def gemm(self, n: int, k: int) -> LogCurve:
-        """The bf16 GEMM (m x k) @ (k x n) over m: the measured curve at a grid (n, k), log-log between
-        the grid's n and k neighbours, in proportion to n and k past the largest measured."""
-        curve = self._gemms.get((n, k))
+    def gemm(self, n: int, k: int, dtype: str = "bf16") -> LogCurve:
+        """The GEMM (m x k) @ (k x n) over m of `dtype` (bf16, or fp8 where measured): the measured curve at
+        a grid (n, k), log-log between the grid's n and k neighbours, in proportion to n and k past the
+        largest measured."""
+        curve = self._gemms.get((n, k, dtype))
         if curve is not None:
             return curve
-        table, ns, ks = gemm_grid(str(self.files["gemm"][1]))
+        table, ns, ks = gemm_grid(str(self.files["gemm"][1]), dtype)
+        if not table:
+            self.notes["gemm fp8"] = "the tables measured no fp8 GEMM on this GPU: bf16's times"
+            return self.gemm(n, k)
         n_pts, n_scale = bracket(ns, n)
         k_pts, k_scale = bracket(ks, k)
         corners = []
@@ -187,7 +191,7 @@ class AIConfiguratorKernels:
         else:
             points = sorted(set().union(*(c.xs for c, _, _ in corners)))
             curve = LogCurve.of(points, blend([(c, w) for c, w, _ in corners], points, n_scale * k_scale))
-        self._gemms[(n, k)] = curve
+        self._gemms[(n, k, dtype)] = curve
         return curve
 
     def _build_dense(self, op: str) -> Any:
@@ -195,8 +199,8 @@ class AIConfiguratorKernels:
         gemms = {"qkv_proj": ((s.num_heads + 2 * s.num_kv_heads) * s.head_dim, s.hidden),
                  "o_proj": (s.hidden, s.num_heads * s.head_dim), "gate_up_proj": (2 * s.intermediate, s.hidden),
                  "down_proj": (s.hidden, s.intermediate)}
-        if op in gemms:
-            return self.gemm(*gemms[op])
+        if op in gemms:  # fp8 quantization stores these weights at one byte (the LM head stays 16-bit)
+            return self.gemm(*gemms[op], "fp8" if s.quantization == "fp8" else "bf16")
         b = s.dtype_bytes
         qk = (s.num_heads + s.num_kv_heads) * s.head_dim
         # Bytes per token: the fused residual add + RMS norm reads and writes the hidden state and the
