@@ -302,6 +302,8 @@ def replay(args: argparse.Namespace) -> int:
                                    prediction=prediction)
     trace = load_for_summary(trace_dir)
     summary = sim_summary(trace, slos)
+    for note in cost_model.describe().notes:
+        print(f"sim replay: note: {note}", file=sys.stderr)
     warn = cost_model.range_warning()
     if warn:
         print(f"sim replay: warning: {' '.join(warn.split())}", file=sys.stderr)

@@ -236,6 +236,8 @@ def test_bundle_with_a_table_marked_not_run_is_read_without_it_and_says_so(tmp_p
     kernels = ProfileKernels(copy, 1)
     assert kernels.skew_alpha(AttentionShape(0, 0, 8, 1000), 10, 4000) == 0.0
     assert any("skew_fit as not run" in note for note in kernels.describe()["notes"])
+    model = bundle_model(copy, str(QWEN3_MOE), None, Deployment(), True)
+    assert [n for n in model.describe().notes if "skew_fit" in n] == kernels.caveats()  # printed by sim replay
 
 
 # ---- data-parallel lockstep ----

@@ -127,6 +127,10 @@ class AIConfiguratorKernels:
             t += decode / self.mixed_attn_eff if shape.prefill_chunk > 0 else decode
         return t
 
+    def caveats(self) -> list[str]:
+        """The fp8 fallback only: its other notes (interpolated shapes) are in describe()."""
+        return [f"aiconfigurator: {self.notes['gemm fp8']}"] if "gemm fp8" in self.notes else []
+
     def skew_alpha(self, shape: AttentionShape, kv_min: int, kv_max: int) -> float:
         """0: the tables measure batches of equal contexts only, so attention is priced at the mean."""
         return 0.0

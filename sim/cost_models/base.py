@@ -51,6 +51,7 @@ class CostModelInfo:
     model: str | None = None
     hardware: str | None = None
     fitted_model: dict[str, Any] | None = None
+    notes: tuple[str, ...] = ()  # what the model left out of what it was given, one line each, for the user
     meta: dict[str, Any] = field(default_factory=dict)
 
     def to_meta(self) -> dict[str, Any]:

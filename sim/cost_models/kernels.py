@@ -99,6 +99,10 @@ class KernelTimes(Protocol):
         them); raises ValueError where the source measured none."""
         ...
 
+    def caveats(self) -> list[str]:
+        """What of its source the timer left out (a table marked as not run), one line each."""
+        ...
+
     def describe(self) -> dict[str, Any]: ...
 
 
@@ -278,7 +282,8 @@ class KernelSumCostModel(CostModelDefaults):
                 "extrapolated")
 
     def describe(self) -> CostModelInfo:
-        return CostModelInfo(name=self.name, model=self.shape.name, hardware=self.hardware.name, meta={
+        return CostModelInfo(name=self.name, model=self.shape.name, hardware=self.hardware.name,
+                             notes=tuple(self.timer.caveats()), meta={
             "name": self.name, "source": self.timer.source, "kernels": self.timer.describe(),
             "model": self.shape.describe(), "hardware": self.hardware.to_dict(), "tensor_parallel_size": self.tp,
             "data_parallel_size": self.dp, "enable_expert_parallel": self.expert_parallel,

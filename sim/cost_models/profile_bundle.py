@@ -288,6 +288,9 @@ class ProfileKernels:
         self.outside += not inside
         return t / call.width_split
 
+    def caveats(self) -> list[str]:
+        return list(self.notes)
+
     def describe(self) -> dict[str, Any]:
         m = self.meta
         return {"bundle": str(self.bundle), "tp": self.tp, "gpu": m.get("gpu"), "hardware": m.get("hardware"),

@@ -125,6 +125,9 @@ class RooflineKernels:
     def skew_alpha(self, shape: AttentionShape, kv_min: int, kv_max: int) -> float:
         return 0.0
 
+    def caveats(self) -> list[str]:
+        return []
+
     def all_reduce_time(self, nbytes: float, tp: int) -> None:
         return None
 
