@@ -35,6 +35,12 @@ class ModelConfig:
     max_model_len: int
     skip_tokenizer_init: bool = False
     trust_remote_code: bool = False
+    kv_cache_dtype: str = "auto"
+
+    @property
+    def kv_dtype(self) -> str:
+        """The torch dtype name the KV cache is stored in: fp8 is vLLM's e4m3 with scale 1.0."""
+        return "float8_e4m3fn" if self.kv_cache_dtype == "fp8" else self.dtype
 
     @property
     def architecture(self) -> str:
@@ -48,7 +54,8 @@ class ModelConfig:
     def to_dict(self) -> dict:
         return {"model": self.model, "source": self.source, "architecture": self.architecture,
                 "model_dir": str(self.model_dir) if self.model_dir else None, "load_format": self.load_format,
-                "dtype": self.dtype, "seed": self.seed, "max_model_len": self.max_model_len,
+                "dtype": self.dtype, "kv_cache_dtype": self.kv_cache_dtype, "seed": self.seed,
+                "max_model_len": self.max_model_len,
                 "tokenizer": str(self.tokenizer_dir) if self.tokenizer_dir else None,
                 "hf_config": self.hf_config.to_dict()}
 
@@ -92,6 +99,7 @@ class EngineConfig:
 LOAD_FORMATS = ("auto", "safetensors", "dummy")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 ATTENTION_BACKENDS = ("auto", "torch", "triton", "flash-attn")
+KV_CACHE_DTYPES = ("auto", "fp8")
 
 
 @dataclass
@@ -128,8 +136,9 @@ class EngineArgs:
     enforce_eager: bool = option(False, "no CUDA graphs")
     tensor_parallel_size: int = option(1, "GPUs one model is sharded over (the engine runs on one; `sim replay` "
                                        "prices more)")
-    kv_cache_dtype: str = option("auto", "KV cache dtype (auto: the model's; fp8 is priced by `sim replay`, "
-                                 "not run by the engine)", choices=("auto", "fp8"))
+    kv_cache_dtype: str = option("auto", "KV cache dtype (auto: the model's; fp8: float8 e4m3 storage, half of "
+                                 "bf16's bytes, values saturated at +-448 and widened on read; not with flash-attn)",
+                                 choices=KV_CACHE_DTYPES)
     num_threads: int | None = option(None, "torch CPU threads (default: all cores but one)")
     trace: str | None = option(None, "write a trace directory here")
     overwrite: bool = option(False, "replace a trace already in --trace (without it such a directory is refused)")
@@ -149,9 +158,9 @@ class EngineArgs:
         if self.tensor_parallel_size != 1:
             raise ValueError(f"tensor_parallel_size: the engine runs on one device, got {self.tensor_parallel_size} "
                              "(sim replay --tensor-parallel-size prices sharded runs)")
-        if self.kv_cache_dtype != "auto":
-            raise ValueError(f"kv_cache_dtype: the engine keeps KV in the model's dtype, got {self.kv_cache_dtype!r} "
-                             "(sim replay --kv-cache-dtype fp8 prices an fp8 cache)")
+        if self.kv_cache_dtype == "fp8" and self.attention_backend == "flash-attn":
+            raise ValueError("kv_cache_dtype: fp8 runs on the torch or triton attention backend; flash-attn reads "
+                             "only a float16/bfloat16 cache")
         device = resolve_device(self.device)
         model_config = self._model_config(device)
         sched_kw = self._config_kwargs(SchedulerConfig)
@@ -215,7 +224,7 @@ class EngineArgs:
         return ModelConfig(model=name, source=source, hf_config=hf_config, model_dir=model_dir,
                            tokenizer_dir=tok_dir, load_format=load_format, dtype=dtype, seed=self.seed,
                            max_model_len=max_model_len, skip_tokenizer_init=self.skip_tokenizer_init,
-                           trust_remote_code=self.trust_remote_code)
+                           trust_remote_code=self.trust_remote_code, kv_cache_dtype=self.kv_cache_dtype)
 
 
 def device_memory_bytes(device: str) -> tuple[int, str]:
@@ -244,7 +253,7 @@ def check_kv_cache_fits(model_config: ModelConfig, cache: CacheConfig, device: s
     from engine.model_executor.loader import kv_bytes_per_block, kv_cache_spec
 
     per_block = kv_bytes_per_block(kv_cache_spec(model_config.hf_config), cache.block_size,
-                                   getattr(torch, model_config.dtype))
+                                   getattr(torch, model_config.kv_dtype))
     if cache.num_gpu_blocks_override is not None:
         field, asked = "num_gpu_blocks_override", cache.num_gpu_blocks_override * per_block
         what = f"{cache.num_gpu_blocks_override:,} blocks of {per_block:,} bytes ({asked:.3g} bytes)"

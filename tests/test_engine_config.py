@@ -48,6 +48,17 @@ def test_cli_bad_hf_overrides_is_one_line_exit_2(capsys, text, what):
     assert "\n" not in err and err.startswith("engine generate: error: --hf-overrides:") and what in err
 
 
-def test_fp8_kv_cache_is_refused_in_one_line_naming_the_simulator():
-    with pytest.raises(ValueError, match="kv_cache_dtype: the engine keeps KV in the model's dtype"):
-        EngineArgs(device="cpu", kv_cache_dtype="fp8").create_engine_config()
+def test_fp8_kv_cache_with_flash_attn_is_refused_in_one_line_naming_the_backends():
+    with pytest.raises(ValueError, match="kv_cache_dtype: fp8 runs on the torch or triton attention backend"):
+        EngineArgs(device="cpu", kv_cache_dtype="fp8", attention_backend="flash-attn").create_engine_config()
+
+
+def test_cli_fp8_kv_cache_with_flash_attn_is_one_line_exit_2(capsys):
+    assert main(["generate", "--kv-cache-dtype", "fp8", "--attention-backend", "flash-attn", "hi"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.startswith("engine generate: error: --kv-cache-dtype: fp8")
+
+
+def test_fp8_kv_cache_is_float8_e4m3fn_beside_the_model_dtype():
+    config = EngineArgs(device="cpu", kv_cache_dtype="fp8").create_engine_config()
+    assert (config.model_config.dtype, config.model_config.kv_dtype) == ("float32", "float8_e4m3fn")

@@ -46,6 +46,7 @@ class ModelRunner:
         self.config = config
         self.device = device
         self.dtype = _DTYPES[config.model_config.dtype]
+        self.kv_dtype = getattr(torch, config.model_config.kv_dtype)  # the model's dtype, or fp8 storage
         self.block_size = config.cache_config.block_size
         self.requests: dict[str, CachedRequestState] = {}
         self.sampler = Sampler()
@@ -86,10 +87,10 @@ class ModelRunner:
         return kv_cache_spec(self.config.model_config.hf_config)
 
     def get_kv_bytes_per_block(self) -> int:
-        """What one block id costs in the KV pool, in this runner's dtype: the engine core sizes the pool with it."""
+        """What one block id costs in the KV pool, in the cache's dtype: the engine core sizes the pool with it."""
         from engine.model_executor.loader import kv_bytes_per_block
 
-        return kv_bytes_per_block(self.get_kv_cache_spec(), self.block_size, self.dtype)
+        return kv_bytes_per_block(self.get_kv_cache_spec(), self.block_size, self.kv_dtype)
 
     @torch.inference_mode()
     def profile_run(self) -> None:
@@ -117,15 +118,15 @@ class ModelRunner:
         """One (2, num_blocks, block_size, kv_heads, head_size) tensor per layer, bound to its layer.
 
         The backend is chosen again here, now that block size, dtype and head size are all known
-        (flash-attn, for one, needs large blocks)."""
+        (flash-attn, for one, needs large blocks and reads no fp8 cache)."""
         from engine.model_executor.attention import get_attn_backend
 
         spec = self.get_kv_cache_spec()
         backend = get_attn_backend(self.config.device_config.attention_backend, self.device,
-                                   block_size=self.block_size, dtype=self.dtype, head_size=spec.head_size)
+                                   block_size=self.block_size, dtype=self.kv_dtype, head_size=spec.head_size)
         layers = self._loaded_model().attention_layers()
         shape = backend.get_kv_cache_shape(num_blocks, self.block_size, spec.num_kv_heads, spec.head_size)
-        self.kv_caches = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in layers]
+        self.kv_caches = [torch.zeros(shape, dtype=self.kv_dtype, device=self.device) for _ in layers]
         for layer, cache in zip(layers, self.kv_caches):
             layer.backend = backend
             layer.kv_cache = cache

@@ -26,12 +26,15 @@ class AttentionBackendUnavailableError(NotImplementedError, ValueError):
     """
 
 
-def _triton_unavailable_reason(device: torch.device, head_size: int | None) -> str | None:
+def _triton_unavailable_reason(device: torch.device, head_size: int | None,
+                               dtype: torch.dtype | None = None) -> str | None:
     if importlib.util.find_spec("triton") is None:
         return "triton is not installed"
     if head_size is not None and (head_size < 16 or head_size & (head_size - 1)):
         return f"the triton backend needs a power-of-two head size >= 16, got {head_size}"
     if device.type == "cuda":
+        if dtype == torch.float8_e4m3fn and torch.cuda.get_device_capability(device) < (8, 9):
+            return "triton converts an fp8 KV cache only on GPUs of compute capability 8.9 or newer"
         return None
     if os.environ.get("TRITON_INTERPRET", "0").lower() not in ("1", "true", "on", "yes"):
         return f"the triton backend runs on CUDA; on {device.type} it needs TRITON_INTERPRET=1 (tests only)"
@@ -62,7 +65,8 @@ def get_attn_backend(
     dtype: torch.dtype | None = None,
     head_size: int | None = None,
 ) -> type[AttentionBackend]:
-    """Resolve a backend name for `device`; the keyword facts, when known, let "auto" avoid unmet constraints.
+    """Resolve a backend name for `device`; the keyword facts, when known, let "auto" avoid unmet constraints
+    (`dtype` is the KV cache's: an fp8 one rules out flash-attn).
 
     "auto": flash-attn on CUDA when importable and block_size is known to be a multiple of 256,
     else triton on CUDA, else torch. An explicit name that cannot run here raises
@@ -74,14 +78,14 @@ def get_attn_backend(
             name = "torch"
         elif block_size is not None and _flash_attn_unavailable_reason(device, block_size, dtype, head_size) is None:
             name = "flash-attn"
-        elif _triton_unavailable_reason(device, head_size) is None:
+        elif _triton_unavailable_reason(device, head_size, dtype) is None:
             name = "triton"
         else:
             name = "torch"
     if name == "torch":
         return TorchAttentionBackend
     if name == "triton":
-        reason = _triton_unavailable_reason(device, head_size)
+        reason = _triton_unavailable_reason(device, head_size, dtype)
         if reason is not None:
             raise AttentionBackendUnavailableError(reason)
         from engine.model_executor.attention.triton_backend import TritonAttentionBackend

@@ -1,5 +1,5 @@
 """The CPU decode-attention kernel in C (csrc/paged_decode.c), built once with the system compiler, for a
-float32 or bf16 cache.
+float32, bf16 or fp8 (e4m3fn) cache.
 
 Torch has no op that reads a paged cache in place; the torch path (cpu_decode) strings together a
 sparse sampled matmul, a padded softmax and embedding_bag, and each writes and re-reads its scores
@@ -21,8 +21,9 @@ from engine.model_executor.native_build import cache_dir, compiler, enabled, loa
 __all__ = ["cache_dir", "compiler", "enabled", "load", "paged_decode", "supports"]
 
 SOURCE = Path(__file__).with_name("csrc") / "paged_decode.c"
-ABI_VERSION = 2
-CACHE_DTYPES = (torch.float32, torch.bfloat16)
+ABI_VERSION = 3
+# The kernel's cache_kind for each cache dtype.
+CACHE_KINDS = {torch.float32: 0, torch.bfloat16: 1, torch.float8_e4m3fn: 2}
 
 
 @functools.cache
@@ -39,16 +40,17 @@ def load() -> Callable[..., int] | None:
 
 
 def supports(q: torch.Tensor, kv_cache: torch.Tensor) -> bool:
-    """A float32 or bf16 cache on the CPU, queries of the cache's dtype, and the kernel available."""
-    return (kv_cache.device.type == "cpu" and kv_cache.dtype in CACHE_DTYPES and q.dtype == kv_cache.dtype
-            and load() is not None)
+    """A float32 or bf16 cache with queries of its dtype, or an fp8 one (queries of any dtype), on the CPU,
+    and the kernel available."""
+    return (kv_cache.device.type == "cpu" and kv_cache.dtype in CACHE_KINDS
+            and (q.dtype == kv_cache.dtype or kv_cache.dtype == torch.float8_e4m3fn) and load() is not None)
 
 
 def paged_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
                  scale: float, out: torch.Tensor) -> None:
     """Fill out [num_seqs, heads, d] with attention of q [num_seqs, heads, d] (one token per sequence)
     over each sequence's first seq_lens[i] cache positions, read through block_tables [>= num_seqs, W];
-    in float32 throughout, a bf16 cache's values widened as they are read."""
+    in float32 throughout, a bf16 or fp8 cache's values widened as they are read."""
     fn = load()
     if fn is None:
         raise RuntimeError("native decode kernel: not available here; callers ask `supports` first")
@@ -75,7 +77,7 @@ def paged_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Te
     # contexts still keep every thread busy.
     per_item = num_kv_heads if num_seqs >= 4 * threads else 1
     rc = fn(q.data_ptr(), q.stride(0), kv_cache[0].data_ptr(), kv_cache[1].data_ptr(),
-            int(kv_cache.dtype == torch.bfloat16), tables.data_ptr(), tables.stride(0), lens.data_ptr(), num_seqs,
+            CACHE_KINDS[kv_cache.dtype], tables.data_ptr(), tables.stride(0), lens.data_ptr(), num_seqs,
             num_heads, num_kv_heads, head_size, block_size, per_item, scale, out.data_ptr(), out.stride(0), threads)
     if rc != 0:
         raise MemoryError("native decode kernel: could not allocate its work buffer")

@@ -53,10 +53,12 @@ def unsupported_reason(
     return None
 
 
-def _check(block_size: int, dtype: torch.dtype, head_size: int) -> None:
-    reason = unsupported_reason(block_size, dtype, head_size)
-    if reason is not None:
-        raise RuntimeError(reason)
+def _check(q: torch.Tensor, kv_cache: torch.Tensor) -> None:
+    """The queries' dtype and the cache's (an fp8 cache is refused: these kernels read it as 16-bit)."""
+    for dtype in (q.dtype, kv_cache.dtype):
+        reason = unsupported_reason(kv_cache.shape[2], dtype, q.shape[-1])
+        if reason is not None:
+            raise RuntimeError(reason)
 
 
 def reshape_and_cache(
@@ -92,8 +94,7 @@ def _prefill(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, s
 
 
 # Same contract as the torch backend (the shared steps are in attention/paged.py).
-forward = paged_backend_forward(store=reshape_and_cache, decode=_decode, prefill=_prefill,
-                                check=lambda q, kv: _check(kv.shape[2], q.dtype, q.shape[-1]))
+forward = paged_backend_forward(store=reshape_and_cache, decode=_decode, prefill=_prefill, check=_check)
 
 
 class FlashAttentionBackend(AttentionBackend):

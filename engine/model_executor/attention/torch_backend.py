@@ -12,21 +12,39 @@ from engine.model_executor.attention import cpu_decode, cpu_native
 from engine.model_executor.attention.abstract import AttentionBackend
 from engine.model_executor.forward_context import AttentionMetadata
 
+FP8 = torch.float8_e4m3fn
+FP8_MAX = torch.finfo(FP8).max
+
+
+def to_cache_dtype(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """`x` as the cache stores it. fp8 saturates at +-FP8_MAX explicitly, as vLLM's conversion with scale 1.0
+    does, instead of relying on what a given torch's cast makes of values out of range."""
+    return x.clamp(-FP8_MAX, FP8_MAX).to(FP8) if dtype == FP8 else x.to(dtype)
+
+
+def as_cached(x: torch.Tensor, kv_cache: torch.Tensor) -> torch.Tensor:
+    """`x` in its own dtype as it reads back from the cache: a fresh prompt attends to what later steps will
+    read, not to values an fp8 cache cannot hold."""
+    return to_cache_dtype(x, kv_cache.dtype).to(x.dtype) if kv_cache.dtype == FP8 else x
+
 
 def reshape_and_cache(
     key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor
 ) -> None:
     """Scatter this step's K/V [T, kvh, d] into their cache slots; slot -1 marks padding and is skipped."""
     _, num_blocks, block_size, num_kv_heads, head_size = kv_cache.shape
-    flat = kv_cache.view(2, num_blocks * block_size, num_kv_heads, head_size)
+    fp8 = kv_cache.dtype == FP8
+    store = kv_cache.view(torch.uint8) if fp8 else kv_cache  # index_copy_ has no fp8 kernel: copy the bytes
+    flat = store.view(2, num_blocks * block_size, num_kv_heads, head_size)
     num_tokens = slot_mapping.shape[0]
     key, value = key[:num_tokens], value[:num_tokens]
     if slot_mapping.device.type != "cpu" or (num_tokens and int(slot_mapping.min()) < 0):
         valid = slot_mapping >= 0
         slot_mapping = slot_mapping[valid]  # boolean indexing syncs on CUDA; fused kernels avoid this later
         key, value = key[valid], value[valid]
-    flat[0].index_copy_(0, slot_mapping, key.to(kv_cache.dtype))
-    flat[1].index_copy_(0, slot_mapping, value.to(kv_cache.dtype))
+    key, value = to_cache_dtype(key, kv_cache.dtype), to_cache_dtype(value, kv_cache.dtype)
+    flat[0].index_copy_(0, slot_mapping, key.view(torch.uint8) if fp8 else key)
+    flat[1].index_copy_(0, slot_mapping, value.view(torch.uint8) if fp8 else value)
 
 
 def causal_attention(
@@ -142,7 +160,7 @@ def forward(
         s, e, seq_len = qsl[i], qsl[i + 1], meta.seq_lens_cpu[i]
         context_len = seq_len - (e - s)
         if context_len == 0:
-            ck, cv = k[s:e], v[s:e]
+            ck, cv = as_cached(k[s:e], kv_cache), as_cached(v[s:e], kv_cache)
         else:
             ck, cv = _gather_context(kv_cache, meta.block_tables[i], seq_len)
         out[s:e] = causal_attention(q[s:e], ck, cv, scale, context_len)

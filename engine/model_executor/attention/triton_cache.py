@@ -2,12 +2,15 @@
 
 The torch reference drops padding slots with boolean indexing, which waits for the GPU to
 know how many survive; here every token gets a program and a -1 slot just masks its stores.
+An fp8 cache saturates at +-448 as the torch reference does (torch_backend.to_cache_dtype).
 """
 from __future__ import annotations
 
 import torch
 import triton
 import triton.language as tl
+
+from engine.model_executor.attention.torch_backend import FP8, FP8_MAX
 
 
 @triton.jit
@@ -16,7 +19,7 @@ def _store_kvcache_kernel(
     stride_kt, stride_kh, stride_vt, stride_vh,
     stride_c_kv, stride_c_blk, stride_c_pos, stride_c_h,
     num_kv_heads, head_size,
-    BLOCK_SIZE: tl.constexpr, HEADS_PAD: tl.constexpr, HEAD_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, HEADS_PAD: tl.constexpr, HEAD_PAD: tl.constexpr, CLAMP: tl.constexpr,
 ):
     token = tl.program_id(0)
     slot = tl.load(slot_ptr + token).to(tl.int64)
@@ -26,6 +29,9 @@ def _store_kvcache_kernel(
     mask = (heads < tl.where(slot >= 0, num_kv_heads, 0)) & (dims < head_size)
     k = tl.load(key_ptr + token * stride_kt + heads * stride_kh + dims, mask=mask)
     v = tl.load(value_ptr + token * stride_vt + heads * stride_vh + dims, mask=mask)
+    if CLAMP > 0:  # an fp8 cache: the cast alone would not saturate everywhere (the interpreter's does not)
+        k = tl.minimum(tl.maximum(k.to(tl.float32), -CLAMP), CLAMP)
+        v = tl.minimum(tl.maximum(v.to(tl.float32), -CLAMP), CLAMP)
     row = (slot // BLOCK_SIZE) * stride_c_blk + (slot % BLOCK_SIZE) * stride_c_pos
     dst = cache_ptr + row + heads * stride_c_h + dims
     tl.store(dst, k.to(cache_ptr.dtype.element_ty), mask=mask)
@@ -48,4 +54,5 @@ def store_kvcache(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor
         BLOCK_SIZE=block_size,
         HEADS_PAD=triton.next_power_of_2(num_kv_heads),
         HEAD_PAD=triton.next_power_of_2(head_size),
+        CLAMP=FP8_MAX if kv_cache.dtype == FP8 else 0.0,
     )

@@ -1,6 +1,6 @@
 /* Paged decode attention on the CPU, for engine/model_executor/attention/cpu_native.py: float32 queries
- * and outputs, a float32 or bf16 cache (a bf16 block's rows are widened to float32 once, into a per-thread
- * buffer, and both passes read them there).
+ * and outputs, a float32, bf16 or fp8 (e4m3fn) cache (a bf16 or fp8 block's rows are widened to float32
+ * once, into a per-thread buffer, and both passes read them there).
  *
  * One query token per sequence reads its context where it lies in the paged cache
  * [num_blocks, block_size, kv_heads, head_size] (K and V separately). A work item is one sequence and
@@ -21,7 +21,7 @@
 static int omp_get_thread_num(void) { return 0; } /* built without OpenMP: one thread, pragmas ignored */
 #endif
 
-int stepscope_paged_decode_abi(void) { return 2; }
+int stepscope_paged_decode_abi(void) { return 3; }
 
 /* 16 floats: the compiler lowers it to one AVX-512 register, two AVX ones, or four NEON ones. */
 typedef float vf __attribute__((vector_size(64)));
@@ -128,27 +128,44 @@ static inline void prefetch_rows(const char *p, int64_t row_bytes, int rows, int
         for (int64_t off = 0; off < span; off += 64) __builtin_prefetch(p + r * row_bytes + off, 0, 3);
 }
 
+enum { CACHE_F32 = 0, CACHE_BF16 = 1, CACHE_FP8 = 2 };
+
 /* A block's part of the cache as floats with its row stride: in place for a float32 cache; for a bf16
- * one (its bits are a float32's top half) rows r0 .. r0+rows-1 widened into `tmp`, `span` floats a row. */
+ * one (its bits are a float32's top half) or an fp8 one (through a table of its 256 values) rows
+ * r0 .. r0+rows-1 widened into `tmp`, `span` floats a row. */
 typedef struct {
     const char *base;   /* the cache */
-    int bf16;           /* element size 2 (bf16) or 4 (float32) */
+    int kind;           /* CACHE_F32, CACHE_BF16 or CACHE_FP8: element size 4, 2 or 1 */
+    const float *fp8;   /* the value of each fp8 byte */
 } cache_t;
 
 static inline const float *block_rows(cache_t c, int64_t off, int64_t row_stride, int rows, int64_t span,
                                       float *tmp, int64_t *stride) {
-    if (!c.bf16) {
+    if (c.kind == CACHE_F32) {
         *stride = row_stride;
         return (const float *)c.base + off;
     }
-    const uint16_t *src = (const uint16_t *)c.base + off;
     for (int r = 0; r < rows; r++) {
-        const uint16_t *s = src + r * row_stride;
-        uint32_t *d = (uint32_t *)(tmp + r * span);
-        for (int64_t i = 0; i < span; i++) d[i] = (uint32_t)s[i] << 16;
+        float *d = tmp + r * span;
+        if (c.kind == CACHE_FP8) {
+            const uint8_t *s = (const uint8_t *)c.base + off + r * row_stride;
+            for (int64_t i = 0; i < span; i++) d[i] = c.fp8[s[i]];
+        } else {
+            const uint16_t *s = (const uint16_t *)c.base + off + r * row_stride;
+            for (int64_t i = 0; i < span; i++) ((uint32_t *)d)[i] = (uint32_t)s[i] << 16;
+        }
     }
     *stride = span;
     return tmp;
+}
+
+/* float8 e4m3fn: 1 sign, 4 exponent (bias 7), 3 mantissa bits; no infinities, S.1111.111 is NaN. */
+static void fp8_e4m3fn_table(float *t) {
+    for (int b = 0; b < 256; b++) {
+        const int e = (b >> 3) & 15, m = b & 7;
+        const float mag = e == 15 && m == 7 ? NAN : e == 0 ? ldexpf((float)m, -9) : ldexpf((float)(8 + m), e - 10);
+        t[b] = b & 128 ? -mag : mag;
+    }
 }
 
 /* Where one work item's context lies: its block table, and the part of each cache row its kv heads span
@@ -198,7 +215,7 @@ static void decode_item(const float *q, cache_t k_cache, cache_t v_cache, const 
     const int group = num_heads / num_kv_heads;
     const int h_count = kv_count * group;
     const int64_t row_stride = (int64_t)num_kv_heads * head_size;
-    const int64_t elem = k_cache.bf16 ? 2 : 4;
+    const int64_t elem = k_cache.kind == CACHE_F32 ? 4 : k_cache.kind == CACHE_BF16 ? 2 : 1;
     const item_t it = {.table = table, .seq_len = seq_len, .num_blocks = (seq_len + block_size - 1) / block_size,
                        .block_size = block_size, .head_size = head_size, .group = group,
                        .h_first = kv_first * group, .h_count = h_count, .row_stride = row_stride,
@@ -231,11 +248,11 @@ static void decode_item(const float *q, cache_t k_cache, cache_t v_cache, const 
 }
 
 /* q [num_seqs, num_heads, head_size] float32 (rows q_seq_stride apart), out likewise (out_seq_stride);
- * the caches float32 or, with cache_bf16, bf16; block_tables [num_seqs, table_stride] int32; seq_lens
+ * the caches of cache_kind (CACHE_F32, CACHE_BF16, CACHE_FP8); block_tables [num_seqs, table_stride] int32; seq_lens
  * [num_seqs] int32, each >= 1. Returns 0, or -1 when its work buffer could not be allocated (nothing
  * written then). */
 int stepscope_paged_decode(const float *q, int64_t q_seq_stride, const void *k_cache, const void *v_cache,
-                           int cache_bf16, const int32_t *block_tables, int64_t table_stride, const int32_t *seq_lens,
+                           int cache_kind, const int32_t *block_tables, int64_t table_stride, const int32_t *seq_lens,
                            int num_seqs, int num_heads, int num_kv_heads, int head_size, int block_size,
                            int kv_heads_per_item, float scale, float *out, int64_t out_seq_stride, int num_threads) {
     const int splits = (num_kv_heads + kv_heads_per_item - 1) / kv_heads_per_item;
@@ -244,14 +261,16 @@ int stepscope_paged_decode(const float *q, int64_t q_seq_stride, const void *k_c
     int max_len = 0;
     for (int i = 0; i < num_seqs; i++) max_len = seq_lens[i] > max_len ? seq_lens[i] : max_len;
     /* Per thread: scores [heads of an item][max_len], the accumulators [heads of an item][head_size], and
-     * for a bf16 cache one block's rows of the item widened [block_size][kv heads of an item * head_size]. */
+     * for a bf16 or fp8 cache one block's rows of the item widened [block_size][kv heads of an item * head_size]. */
     const size_t item_heads = (size_t)kv_heads_per_item * group;
-    const size_t widened = cache_bf16 ? (size_t)block_size * kv_heads_per_item * head_size : 0;
+    const size_t widened = cache_kind != CACHE_F32 ? (size_t)block_size * kv_heads_per_item * head_size : 0;
     const size_t per_thread = item_heads * ((size_t)max_len + (size_t)head_size) + widened;
     if (num_threads < 1) num_threads = 1;
     float *buf = malloc(sizeof(float) * per_thread * (size_t)num_threads);
     if (buf == NULL) return -1;
-    const cache_t k = {(const char *)k_cache, cache_bf16}, v = {(const char *)v_cache, cache_bf16};
+    float fp8[256];
+    fp8_e4m3fn_table(fp8);
+    const cache_t k = {(const char *)k_cache, cache_kind, fp8}, v = {(const char *)v_cache, cache_kind, fp8};
 #pragma omp parallel num_threads(num_threads)
     {
         float *scores = buf + per_thread * (size_t)omp_get_thread_num();
