@@ -180,6 +180,21 @@ def deployment_of(args: argparse.Namespace, source: Source) -> Deployment:
         routing=args.routing or "balanced")
 
 
+UNSET_LAYOUT: dict[str, Any] = dict.fromkeys(("tensor_parallel_size", "data_parallel_size", "enable_expert_parallel",
+                                              "kv_cache_dtype", "quantization", "routing"))
+
+
+def layout_change(given: Deployment, ran: Deployment) -> str:
+    """The flags by which `given` departs from the layout the source ran with, as typed."""
+    import dataclasses
+
+    names = {"tensor_parallel_size": "--tensor-parallel-size", "data_parallel_size": "--data-parallel-size",
+             "enable_expert_parallel": "--enable-expert-parallel", "kv_cache_dtype": "--kv-cache-dtype",
+             "quantization": "--quantization", "routing": "--routing"}
+    return " ".join(f"{names[f.name]} {getattr(given, f.name)}" for f in dataclasses.fields(given)
+                    if getattr(given, f.name) != getattr(ran, f.name))
+
+
 def _check_flags(args: argparse.Namespace) -> None:
     workload_options(args, "sim replay")
     if args.samples is not None and args.samples < 1:
@@ -225,6 +240,10 @@ def _simulate(args: argparse.Namespace, trace_dir: str, residual_seed: int | Non
     name = args.cost_model or ("recorded" if source.trace is not None and not source.trace.imported else "roofline")
     model = args.model or source.model.get("hf_config") or DEFAULT_MODEL
     deployment = deployment_of(args, source)
+    measured = name in ("recorded", "calibrated") or name.endswith(".json")
+    if measured and deployment != (ran := deployment_of(argparse.Namespace(**{**vars(args), **UNSET_LAYOUT}), source)):
+        raise ValueError(f"{layout_change(deployment, ran)}: the {name} cost model prices the layout it measured; use "
+                         "roofline, a profile bundle or aiconfigurator")
     recorded_async = recorded_or_flag(SchedulerConfig, args, source.scheduler).get("async_scheduling")
     cost_model = get_cost_model(name, source.trace, model=model, hardware=args.hardware, profile=args.profile,
                                 residual_seed=residual_seed, deployment=deployment,

@@ -429,3 +429,13 @@ def test_roofline_prices_fp8_weights_at_the_fp8_peak():
                  for q in (None, "fp8"))
     prefill = StepBatch(4096, 0, 1, 0, 4096, 4096 * 2048.5, [(4096, 0)], 0, 0)
     assert fp8.breakdown(prefill)["gate_up_proj"] < 0.6 * bf16.breakdown(prefill)["gate_up_proj"]
+
+
+def test_a_recorded_replay_refuses_a_layout_the_trace_did_not_run(tmp_path, capsys):
+    from sim.cli import main
+
+    run = make_run(tmp_path)
+    assert import_run(run, tmp_path / "t") == 0
+    assert main(["replay", str(tmp_path / "t"), "--cost-model", "recorded", "--data-parallel-size", "2",
+                 "--trace", str(tmp_path / "r"), "--no-progress"]) == 2
+    assert "--data-parallel-size 2: the recorded cost model prices the layout it measured" in capsys.readouterr().err

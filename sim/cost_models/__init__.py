@@ -37,12 +37,10 @@ def get_cost_model(name_or_path: str, source_trace: Trace | None = None, model: 
     roofline); `residual_seed` (calibrated) draws one sampled replay of the measured residuals instead of
     the expected step times. The per-kernel models add host time per step only without async scheduling;
     `vllm_version` (of an imported run) prices all-reduces as that version's were measured; `deployment`
-    the parallel layout and dtypes (default: one GPU, the model's dtype)."""
+    the parallel layout and dtypes (default: one GPU, the model's dtype) for the models that price any
+    batch (`recorded` and `calibrated` price what they measured: the CLI refuses a layout they did not)."""
     name = str(name_or_path)
     deployment = deployment or Deployment()
-    if name != "roofline" and deployment != Deployment() and (name in ("recorded", "calibrated") or name.endswith(".json")):
-        raise CostModelError(f"{_flags(deployment)}: the {name} cost model measured one device as it ran; use "
-                             "roofline, a profile bundle or aiconfigurator")
     if name == "recorded":
         if source_trace is None:
             raise CostModelError("--cost-model recorded: needs an engine trace directory as the source "
@@ -84,16 +82,6 @@ def get_cost_model(name_or_path: str, source_trace: Trace | None = None, model: 
         return CalibratedCostModel.load(path, seed=residual_seed)
     raise CostModelError(f"--cost-model: unknown cost model {name!r} (expected one of {', '.join(COST_MODELS)} "
                          ", a PROFILE.json path or a kernel-profile bundle directory)")
-
-
-def _flags(deployment: Deployment) -> str:
-    """The flags that set `deployment` apart from one GPU at the model's dtype, as typed."""
-    d, plain = deployment, Deployment()
-    flags = [f"{flag} {value}" for flag, value, default in (
-        ("--tensor-parallel-size", d.tensor_parallel_size, 1), ("--data-parallel-size", d.data_parallel_size, 1),
-        ("--kv-cache-dtype", d.kv_cache_dtype, "auto"), ("--quantization", d.quantization, None),
-        ("--routing", d.routing, plain.routing)) if value != default]
-    return " ".join(flags + (["--enable-expert-parallel"] if d.enable_expert_parallel else []))
 
 
 __all__ = ["COST_MODELS", "DEFAULT_HARDWARE", "DEFAULT_MODEL", "CostModel", "CostModelError", "get_cost_model"]
