@@ -82,6 +82,7 @@ def vllm_engine_kwargs(args: Namespace, model_dir: str) -> dict[str, Any]:
         "enable_prefix_caching": args.enable_prefix_caching, "enable_chunked_prefill": args.enable_chunked_prefill,
         "long_prefill_token_threshold": args.long_prefill_token_threshold, "scheduling_policy": args.scheduling_policy,
         "seed": args.seed, "dtype": "float32" if args.dtype == "auto" else args.dtype,
+        "kv_cache_dtype": args.kv_cache_dtype,
         "enforce_eager": True, "gpu_memory_utilization": min(args.gpu_memory_utilization, 0.2),
         "kv_cache_memory_bytes": args.kv_cache_memory or (64 << 20),
         "scheduler_cls": "engine.vllm_backend.scheduler.RecordingScheduler", "disable_log_stats": True}
