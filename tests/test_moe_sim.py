@@ -272,8 +272,8 @@ def _cluster(cost: _Priced, dp: int = 2, pad: bool = True, async_scheduling: boo
 def test_an_idle_rank_runs_one_token_dummy_batches_while_another_works():
     cost = _Priced()
     _cluster(cost, pad=False).run([_request(0, 10, 4)])
-    dummies = [b for b in cost.batches if b.num_tokens == 1 and b.context_tokens == 1]
-    assert len(dummies) == len(cost.batches) // 2  # every group step: one working rank, one dummy
+    working = [(a, b) for a, b in zip(cost.batches[0::2], cost.batches[1::2]) if a.context_tokens > 1]
+    assert len(working) == 4 and all(b.num_tokens == b.context_tokens == 1 for _, b in working)
 
 
 def test_ranks_are_padded_to_the_group_s_largest_batch_and_moe_runs_every_rank_s_tokens():
@@ -287,7 +287,8 @@ def test_a_group_step_lasts_its_slowest_rank_s():
     cost = _Priced()
     cluster = _cluster(cost, pad=False)
     result = cluster.run([_request(0, 100, 1), _request(1, 10, 1)])
-    assert result.sim_time == pytest.approx(0.100)  # both ranks end when the 100-token prefill does
+    assert result.requests is not None
+    assert list(result.requests["first_token"]) == pytest.approx([0.100, 0.100])  # the 10-token rank waits
 
 
 def test_one_request_finishes_as_on_a_single_engine_but_the_group_steps_it():
@@ -439,3 +440,9 @@ def test_a_recorded_replay_refuses_a_layout_the_trace_did_not_run(tmp_path, caps
     assert main(["replay", str(tmp_path / "t"), "--cost-model", "recorded", "--data-parallel-size", "2",
                  "--trace", str(tmp_path / "r"), "--no-progress"]) == 2
     assert "--data-parallel-size 2: the recorded cost model prices the layout it measured" in capsys.readouterr().err
+
+
+def test_an_idle_group_runs_dummy_batches_until_its_32_step_idle_check():
+    cost = _Priced()
+    _cluster(cost, pad=False).run([_request(0, 10, 2)])  # 2 steps of work, then dummies to step 32
+    assert len(cost.batches) == 2 * 32

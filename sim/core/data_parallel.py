@@ -4,7 +4,9 @@ a rank, stepping in lockstep.
 
 Lockstep: the sparse layers of a mixture of experts are shared by every rank (their collectives need
 each one), so a step of the group ends when its slowest rank's ends, and while any rank has requests a
-rank with none runs a dummy batch of one token through the model (vLLM's `execute_dummy_batch`). The MoE
+rank with none runs a dummy batch of one token through the model (vLLM's `execute_dummy_batch`). The
+ranks learn that every one is idle only every 32 steps (vLLM's finish-sync all-reduce,
+`_has_global_unfinished_reqs` in vllm/v1/engine/core.py): until then a "wave" goes on in dummy batches. The MoE
 blocks run every rank's tokens (vLLM's default all-gather / reduce-scatter dispatch). Where the step runs
 as a CUDA graph on every rank (no --enforce-eager, and the largest rank's tokens within the capture sizes,
 min(2 x max_num_seqs, 512)), each rank is padded to the largest rank's token count
@@ -32,6 +34,8 @@ from sim.cost_models.batch import StepBatch, batch_from_output
 # How often vLLM's DP coordinator publishes each engine's waiting, running and KV usage (its
 # `stats_update_interval_ms` default, vllm/v1/engine/coordinator.py).
 SNAPSHOT_INTERVAL_S = 0.1
+# Group steps between the ranks' checks that every one is idle (vllm/v1/engine/core.py).
+FINISH_SYNC_STEPS = 32
 # One token, as `execute_dummy_batch` runs (vllm/v1/worker/gpu_worker.py: uniform_decode_query_len).
 DUMMY_BATCH = StepBatch(0, 1, 0, 1, 1, 0.0, [], 1, 1)
 
@@ -109,6 +113,7 @@ class DataParallelEngine(EngineLoop):
         self.graph_tokens = graph_tokens
         self.balancer = DPLoadBalancer(len(ranks), vllm_version)
         self.owner: dict[str, int] = {}
+        self.wave_steps = 0  # group steps since the ranks last found every one idle
         self.now = 0.0
         self.inbox: list[tuple[Request, SimRequest]] = []
         self.external: dict[int, list[tuple[str, str]]] = {}
@@ -162,8 +167,17 @@ class DataParallelEngine(EngineLoop):
         raise ValueError("external finishes are one engine core's: a data-parallel engine has none")
 
     # ---- steps ----
-    def _busy(self) -> bool:
+    def _work(self) -> bool:
         return any(r.scheduler.running or r.cycle.has_work() for r in self.ranks)
+
+    def _busy(self) -> bool:
+        """Work on some rank, or a wave that has not yet reached its check that every rank is idle."""
+        if self._work():
+            return True
+        if self.wave_steps % FINISH_SYNC_STEPS:
+            return True
+        self.wave_steps = 0
+        return False
 
     def _in_flight(self) -> bool:
         return bool(self.ranks[0].cycle.in_flight)  # every rank launches every step: their queues are alike
@@ -178,6 +192,7 @@ class DataParallelEngine(EngineLoop):
         """Schedule and launch one step on every rank (an idle one's empty schedule stands for its dummy
         batch) and price them together: (the group's step, which lasts its slowest rank's; whether the
         batch queue takes another step first)."""
+        self.wave_steps += 1
         batches = []
         for r in self.ranks:
             r.now = self.now
@@ -213,7 +228,7 @@ class DataParallelEngine(EngineLoop):
                         self.balancer.finished(i)
 
     def _stalled(self) -> bool:
-        return self._busy() and all(r.last is not None and r.cycle.did_nothing(*r.last) for r in self.ranks)
+        return self._work() and all(r.last is not None and r.cycle.did_nothing(*r.last) for r in self.ranks)
 
 
 def _minor(version: str) -> tuple[int, int]:
