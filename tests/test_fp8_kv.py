@@ -133,19 +133,11 @@ def test_native_decode_on_an_fp8_cache_matches_the_widened_cache(q_dtype):
 @pytest.fixture
 def triton_interpreter():
     """Triton's CPU interpreter for one test, as tests/test_triton_attention.py sets it up and restores it."""
-    import os
+    from test_triton_attention import JIT_MODULES
+    from triton_interp import interpreted
 
-    from test_triton_attention import _redecorate
-
-    previous = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "1"
-    _redecorate()
-    yield
-    if previous is None:
-        del os.environ["TRITON_INTERPRET"]
-    else:
-        os.environ["TRITON_INTERPRET"] = previous
-    _redecorate()
+    with interpreted(JIT_MODULES):
+        yield
 
 
 def test_triton_store_into_an_fp8_cache_saturates_as_the_torch_store(triton_interpreter):

@@ -3,41 +3,26 @@ test_triton_attention.py runs the attention kernels, and for the same reason re-
 under TRITON_INTERPRET=1); test_fused_moe_gpu.py runs it compiled on CUDA."""
 from __future__ import annotations
 
-import importlib
-import os
-import sys
 
 import pytest
+from triton_interp import interpreted as interpreter
 import torch
 
 from engine.model_executor.layers import moe
 from engine.model_executor.layers.moe import SparseMoeBlock, route
 
-JIT_MODULES = ("triton.language.standard", "triton.language.random", "triton.language",
-               "engine.model_executor.layers.fused_moe")
+JIT_MODULES = ("engine.model_executor.layers.fused_moe",)
 H, I, E, TOP_K = 64, 32, 8, 2
-
-
-def _redecorate() -> None:
-    for name in JIT_MODULES:
-        importlib.reload(sys.modules[name]) if name in sys.modules else importlib.import_module(name)
 
 
 @pytest.fixture(scope="module")
 def interpreted():
     """The fused_moe module with its kernels built by Triton's interpreter, for this module's CPU tests."""
-    previous = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "1"
-    _redecorate()
-    from engine.model_executor.layers import fused_moe
+    with interpreter(JIT_MODULES):
+        from engine.model_executor.layers import fused_moe
 
-    assert fused_moe.kernels_interpreted()
-    yield fused_moe
-    if previous is None:
-        del os.environ["TRITON_INTERPRET"]
-    else:
-        os.environ["TRITON_INTERPRET"] = previous
-    _redecorate()
+        assert fused_moe.kernels_interpreted()
+        yield fused_moe
 
 
 def make_block(device: str = "cpu", dtype: torch.dtype = torch.float32, weights_in_hidden_dtype: bool = False,

@@ -8,11 +8,9 @@ restores the variable and re-runs them again so later tests see compiled-mode ke
 """
 from __future__ import annotations
 
-import importlib
-import os
-import sys
 
 import pytest
+from triton_interp import interpreted
 import torch
 
 from engine.model_executor.attention import (
@@ -27,9 +25,6 @@ from engine.model_executor.attention import (
 from engine.model_executor.forward_context import build_attn_metadata
 
 JIT_MODULES = (
-    "triton.language.standard",
-    "triton.language.random",
-    "triton.language",
     "engine.model_executor.attention.triton_cache",
     "engine.model_executor.attention.triton_decode",
     "engine.model_executor.attention.triton_prefill",
@@ -38,23 +33,11 @@ JIT_MODULES = (
 NUM_KV_HEADS = 2
 
 
-def _redecorate() -> None:
-    for name in JIT_MODULES:
-        importlib.reload(sys.modules[name]) if name in sys.modules else importlib.import_module(name)
-
-
 @pytest.fixture(scope="module", autouse=True)
 def triton_interpreter():
-    previous = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "1"
-    _redecorate()
-    assert triton_backend.kernels_interpreted()
-    yield
-    if previous is None:
-        del os.environ["TRITON_INTERPRET"]
-    else:
-        os.environ["TRITON_INTERPRET"] = previous
-    _redecorate()
+    with interpreted(JIT_MODULES):
+        assert triton_backend.kernels_interpreted()
+        yield
 
 
 def make_batch(query_lens, seq_lens, num_heads, head_size, block_size, dtype=torch.float32, seed=0, num_padding=0):
