@@ -16,7 +16,7 @@ from typing import Any
 
 from engine.core.config import CacheConfig, SchedulerConfig
 from engine.core.flags import check_choice, flags_of, option, same_option
-from engine.core.model_shapes import BUILTIN, check_model_config, get_model_config, read_config_json
+from engine.core.model_shapes import BUILTIN, check_model_config, get_model_config, read_config_json, weight_count
 DEFAULT_CPU_KV_CACHE_MEMORY = 512 << 20
 
 
@@ -168,6 +168,7 @@ class EngineArgs:
             sched_kw["async_scheduling"] = device.startswith("cuda")  # vLLM's default: on where the platform allows it
         scheduler_config = SchedulerConfig(**{**sched_kw, "max_model_len": model_config.max_model_len})
         cache_config = CacheConfig(**self._config_kwargs(CacheConfig))
+        check_weights_fit(model_config, device)
         check_kv_cache_fits(model_config, cache_config, device)
         most = 4 * (os.cpu_count() or 1)  # a few times the cores may be an experiment; more only starts threads
         if self.num_threads is not None and not 1 <= self.num_threads <= most:
@@ -242,6 +243,21 @@ def device_memory_bytes(device: str) -> tuple[int, str]:
     if limit.isdigit() and int(limit) < total:
         return int(limit), "memory this process's cgroup may use"
     return total, "memory this machine has"
+
+
+def check_weights_fit(model_config: ModelConfig, device: str) -> None:
+    """The model's weights (a preset's dummy ones are allocated in full) must fit in the device's memory:
+    refused here in one line, not by a MemoryError when the first layer is built."""
+    import torch
+
+    config = model_config.hf_config.to_dict()
+    config = config.get("text_config") or config
+    nbytes = weight_count(config) * torch.empty((), dtype=getattr(torch, model_config.dtype)).element_size()
+    total, whose = device_memory_bytes(device)
+    if nbytes > total:
+        raise ValueError(f"model: {model_config.model}'s {nbytes / 1e9:.1f} GB of {model_config.dtype} weights are more "
+                         f"than the {total / 2**30:.1f} GiB of {whose}; `sim replay --model` prices it without "
+                         "weights")
 
 
 def check_kv_cache_fits(model_config: ModelConfig, cache: CacheConfig, device: str) -> None:

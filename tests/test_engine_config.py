@@ -62,3 +62,11 @@ def test_cli_fp8_kv_cache_with_flash_attn_is_one_line_exit_2(capsys):
 def test_fp8_kv_cache_is_float8_e4m3fn_beside_the_model_dtype():
     config = EngineArgs(device="cpu", kv_cache_dtype="fp8").create_engine_config()
     assert (config.model_config.dtype, config.model_config.kv_dtype) == ("float32", "float8_e4m3fn")
+
+
+def test_weights_larger_than_the_memory_are_refused_in_one_line(monkeypatch):
+    import engine.config
+
+    monkeypatch.setattr(engine.config, "device_memory_bytes", lambda device: (1 << 30, "memory this machine has"))
+    with pytest.raises(ValueError, match="qwen3-0.6b's 3.0 GB of float32 weights are more than the 1.0 GiB"):
+        EngineArgs(model="qwen3-0.6b", device="cpu").create_engine_config()

@@ -201,13 +201,13 @@ def check_model_config(cfg: dict[str, Any], name: str, moe: bool = False, mla: b
                          f"num_key_value_heads {nkv}")
     if not cfg.get("head_dim") and h % nh:
         raise ValueError(f"model config {name!r}: hidden_size {h} does not split into {nh} heads (give head_dim)")
-    params = _weight_count(cfg)
+    params = weight_count(cfg)
     if params > MAX_PARAMS:
         raise ValueError(f"model config {name!r}: num_hidden_layers, hidden_size, intermediate_size and vocab_size "
                          f"make {params:.3g} weights, more than {MAX_PARAMS:.3g}, past any model")
 
 
-def _weight_count(cfg: dict[str, Any]) -> int:
+def weight_count(cfg: dict[str, Any]) -> int:
     """About how many weights the shape holds (attention, gated MLPs or every expert with its router,
     embedding and head), in exact ints."""
     h, nh = cfg["hidden_size"], cfg["num_attention_heads"]
