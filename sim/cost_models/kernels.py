@@ -19,15 +19,17 @@ or the per-kernel roofline (`sim.cost_models.roofline`). Each answers for one ra
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sim.cost_models.batch import StepBatch
-from sim.cost_models.collectives import measured_collectives
 from sim.cost_models.base import CostModelDefaults, CostModelInfo, StepTiming
 from sim.cost_models.hardware import Hardware
 from sim.cost_models.model_shape import ModelShape, rank_shape
 from sim.cost_models.deployment import Deployment
 from sim.cost_models.routing import RoutingModel
+
+if TYPE_CHECKING:
+    from sim.cost_models.collectives import MeasuredCollectives
 
 # The ops of one decoder layer, with how many times a layer calls each: attention's side, then the MLP's
 # (a sparse layer runs the fused MoE block instead).
@@ -141,7 +143,11 @@ class KernelSumCostModel(CostModelDefaults):
         self.dp = d.data_parallel_size
         self.expert_parallel = d.enable_expert_parallel and shape.is_moe
         self.routing: RoutingModel = d.routing_model()
-        self.collectives = measured_collectives(hardware.name) if self.dp > 1 and shape.is_moe else None
+        self.collectives: MeasuredCollectives | None = None
+        if self.dp > 1 and shape.is_moe:  # the tables are read only where a data-parallel MoE layer needs them
+            from sim.cost_models.collectives import measured_collectives
+
+            self.collectives = measured_collectives(hardware.name)
         self.async_scheduling = async_scheduling
         self._attention_ops = tuple((op, calls) for op, calls in ATTENTION_OPS if op != "qk_norm" or self.rank.qk_norm)
         self._dense_layers = shape.num_layers - shape.num_moe_layers
