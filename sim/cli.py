@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 from sim.cost_models import DEFAULT_HARDWARE, DEFAULT_MODEL
 from sim.cost_models.hardware import hardware_help
-from sim.flags import OneLineParser, add_engine_flags, config_error, recorded_or_flag, sim_flags
+from sim.flags import (OneLineParser, add_deployment_flags, add_engine_flags, config_error, deployment_of,
+                       layout_change, recorded_or_flag, sim_flags)
 from traces.console import command, run_command, trace_line
 from traces.outputs import Output, check_outputs, existing_paths
 from traces.recorder import TRACE_LEVELS
@@ -29,7 +30,6 @@ if TYPE_CHECKING:
     from sim.core.simulator import SimResult
     from sim.core.sources import Source
     from sim.cost_models.base import CostModel
-    from sim.cost_models.deployment import Deployment
 
 DEFAULT_NUM_GPU_BLOCKS = 8192
 
@@ -137,64 +137,6 @@ def build_configs(args: argparse.Namespace, source: Source,
     return sched, cache, how
 
 
-def add_deployment_flags(p: argparse.ArgumentParser) -> None:
-    """vLLM's parallel-layout and dtype flags, with vLLM's meaning; each defaults to what the source
-    trace (an imported run included) recorded, else vLLM's default."""
-    p.add_argument("--tensor-parallel-size", type=int, default=None, metavar="N",
-                   help="shard attention, dense layers and KV heads over N GPUs per data-parallel rank, two "
-                   "all-reduces per layer (default: the trace's, else 1)")
-    p.add_argument("--data-parallel-size", type=int, default=None, metavar="N",
-                   help="N engine cores, each its own scheduler and KV cache, stepping in lockstep; a mixture of "
-                   "experts shares its MoE layers over all of them (default: the trace's, else 1)")
-    p.add_argument("--enable-expert-parallel", action="store_true", default=None,
-                   help="split a mixture of experts' experts over the data x tensor parallel GPUs instead of "
-                   "splitting each expert's width (default: the trace's, else off)")
-    p.add_argument("--kv-cache-dtype", default=None, choices=("auto", "fp8"),
-                   help="fp8: one byte per KV value (twice the capacity, half the attention reads) (default: the "
-                   "trace's, else auto: the model's dtype)")
-    p.add_argument("--quantization", default=None, choices=("fp8", "none"),
-                   help="fp8: linear weights at one byte, GEMMs at the GPU's FP8 peak (default: the trace's, else none)")
-    p.add_argument("--routing", default=None, metavar="balanced|zipf:S|TRACE_DIR",
-                   help="how a mixture of experts' tokens pick experts, for the distinct experts a batch activates: "
-                   "balanced (uniform), zipf:S (expert popularity a Zipf law of exponent S) or the counts an engine "
-                   "trace of the model recorded (default: balanced)")
-
-
-def deployment_of(args: argparse.Namespace, source: Source) -> Deployment:
-    """The layout and dtypes simulated: each flag given, else what the source trace recorded, else vLLM's
-    default."""
-    from sim.cost_models.deployment import Deployment
-
-    recorded: dict[str, Any] = {}
-    if source.trace is not None:
-        config = source.trace.meta.get("config") or {}
-        recorded = {**(config.get("model") or {}), **(config.get("parallel") or {})}
-    quantization = args.quantization if args.quantization is not None else recorded.get("quantization")
-    return Deployment(
-        tensor_parallel_size=int(args.tensor_parallel_size or recorded.get("tensor_parallel_size") or 1),
-        data_parallel_size=int(args.data_parallel_size or recorded.get("data_parallel_size") or 1),
-        enable_expert_parallel=bool(args.enable_expert_parallel or recorded.get("enable_expert_parallel") or False),
-        kv_cache_dtype="fp8" if str(args.kv_cache_dtype or recorded.get("kv_cache_dtype") or "auto").startswith("fp8")
-        else "auto",
-        quantization=None if quantization in (None, "none") else str(quantization),
-        routing=args.routing or "balanced")
-
-
-UNSET_LAYOUT: dict[str, Any] = dict.fromkeys(("tensor_parallel_size", "data_parallel_size", "enable_expert_parallel",
-                                              "kv_cache_dtype", "quantization", "routing"))
-
-
-def layout_change(given: Deployment, ran: Deployment) -> str:
-    """The flags by which `given` departs from the layout the source ran with, as typed."""
-    import dataclasses
-
-    names = {"tensor_parallel_size": "--tensor-parallel-size", "data_parallel_size": "--data-parallel-size",
-             "enable_expert_parallel": "--enable-expert-parallel", "kv_cache_dtype": "--kv-cache-dtype",
-             "quantization": "--quantization", "routing": "--routing"}
-    return " ".join(f"{names[f.name]} {getattr(given, f.name)}" for f in dataclasses.fields(given)
-                    if getattr(given, f.name) != getattr(ran, f.name))
-
-
 def _check_flags(args: argparse.Namespace) -> None:
     workload_options(args, "sim replay")
     if args.samples is not None and args.samples < 1:
@@ -239,9 +181,11 @@ def _simulate(args: argparse.Namespace, trace_dir: str, residual_seed: int | Non
     # A trace replays its own step times; a workload or an imported measured run (no steps, by design) the roofline.
     name = args.cost_model or ("recorded" if source.trace is not None and not source.trace.imported else "roofline")
     model = args.model or source.model.get("hf_config") or DEFAULT_MODEL
-    deployment = deployment_of(args, source)
+    recorded = source.trace.meta.get("config") or {} if source.trace is not None else {}
+    recorded_layout = {**(recorded.get("model") or {}), **(recorded.get("parallel") or {})}
+    deployment = deployment_of(args, recorded_layout)
     measured = name in ("recorded", "calibrated") or name.endswith(".json")
-    if measured and deployment != (ran := deployment_of(argparse.Namespace(**{**vars(args), **UNSET_LAYOUT}), source)):
+    if measured and deployment != (ran := deployment_of(None, recorded_layout)):
         raise ValueError(f"{layout_change(deployment, ran)}: the {name} cost model prices the layout it measured; use "
                          "roofline, a profile bundle or aiconfigurator")
     recorded_async = recorded_or_flag(SchedulerConfig, args, source.scheduler).get("async_scheduling")

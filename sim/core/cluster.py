@@ -21,7 +21,7 @@ from __future__ import annotations
 import heapq
 import math
 import time
-from collections.abc import Generator, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -35,8 +35,8 @@ from engine.core.sched_output import SchedulerOutput
 from engine.core.step_cycle import StepCost, StepTimes
 from sim.core.headroom import Headroom, HeadroomReport
 from sim.core.data_parallel import DataParallelEngine, cuda_graph_tokens
-from sim.core.replica import Replica
-from sim.core.routers import Router, ReplicaView, make_router
+from sim.core.replica import Engine, Replica
+from sim.core.routers import Router, make_router
 from sim.core.sources import SimRequest, make_request
 from sim.core.stepping import SimulationError, fewer_collections
 from sim.cost_models.base import CostModel
@@ -116,21 +116,6 @@ class _NumberedAcross:
     def on_step(self, step: int, so: SchedulerOutput, outputs: EngineCoreOutputs, times: StepTimes,
                 cost: StepCost | None = None) -> list[Request]:
         return self.recorder.on_step(self.cluster.num_steps, so, outputs, times, cost)
-
-
-class Engine(ReplicaView, Protocol):
-    """What the event loop drives: one engine replica, or one data-parallel engine over several."""
-
-    inbox: list[tuple[Request, SimRequest]]
-    idle: bool
-    stepping: bool
-    policy: Generator[float | None, float, None]
-
-    def finish_step(self) -> None: ...
-
-    def rewind(self, t: float) -> None: ...
-
-    def release(self) -> None: ...
 
 
 class RunWatch(Protocol):

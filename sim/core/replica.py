@@ -27,6 +27,7 @@ from engine.core.sched_output import SchedulerOutput
 from engine.core.step_cycle import StepCycle, StepRecorder
 from sim.core.decode_runs import MAX_RUN, DecodeRuns
 from sim.core.headroom import Headroom
+from sim.core.routers import ReplicaView
 from sim.core.runner import FakeModelRunner
 from sim.core.sources import SimRequest
 from sim.core.stepping import launch
@@ -49,6 +50,21 @@ class Loop(Protocol):
     cost_model: CostModel
 
     def ended(self, req: Request) -> None: ...
+
+
+class Engine(ReplicaView, Protocol):
+    """What the event loop drives: one engine replica, or one data-parallel engine over several."""
+
+    inbox: list[tuple[Request, SimRequest]]
+    idle: bool
+    stepping: bool
+    policy: Generator[float | None, float, None]
+
+    def finish_step(self) -> None: ...
+
+    def rewind(self, t: float) -> None: ...
+
+    def release(self) -> None: ...
 
 
 class EngineLoop(ABC):
