@@ -176,9 +176,12 @@ def test_qwen3_30b_a3b_preset_builds_the_public_shape_without_allocating_it():
     assert abs(sum(p.numel() for p in model.parameters()) / 1e9 - 30.5) < 0.1
 
 
-def test_qwen3_30b_a3b_preset_resolves_to_an_engine_config():
+def test_qwen3_30b_a3b_preset_resolves_to_an_engine_config(monkeypatch):
+    import engine.config
     from engine.config import EngineArgs
 
+    # A machine with room for its 122 GB of float32 weights; this one is refused in one line (test_engine_config).
+    monkeypatch.setattr(engine.config, "device_memory_bytes", lambda device: (1 << 40, "memory this machine has"))
     config = EngineArgs(model="qwen3-30b-a3b", device="cpu", max_model_len=4096).create_engine_config()
     hf = config.model_config.hf_config
     assert (config.model_config.source, hf.model_type, hf.num_experts, hf.num_key_value_heads) == \
