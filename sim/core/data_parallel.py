@@ -23,7 +23,7 @@ change (vllm/v1/engine/coordinator.py). Versions between are taken to have 0.19'
 from __future__ import annotations
 
 from collections.abc import Generator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from engine.core.request import Request
 from sim.core.replica import EngineLoop, Loop, Replica, Wait
@@ -205,10 +205,7 @@ class DataParallelEngine(EngineLoop):
         pad = largest if largest <= self.graph_tokens else 0
         group = len(batches) * largest if pad else sum(b.num_tokens for _, b in batches)
         cost_model = self.cluster.cost_model
-        timings = [cost_model.step_time(StepBatch(
-            b.num_prefill_tokens, b.num_decode_tokens, b.num_prefill_seqs, b.num_decode_seqs, b.context_tokens,
-            b.prefill_attention, b.prefill_chunks, b.decode_context_min, b.decode_context_max, moe_tokens=group,
-            padded_tokens=pad), step) for _, b in batches]
+        timings = [cost_model.step_time(replace(b, moe_tokens=group, padded_tokens=pad), step) for _, b in batches]
         longest = max(t.total for t in timings)
         for (entry, _), t in zip(batches, timings):  # each rank's device waits for the slowest
             entry.cost = StepTiming(longest - t.host - t.gap, t.host, t.gap)

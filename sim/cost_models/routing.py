@@ -11,6 +11,7 @@ from __future__ import annotations
 import bisect
 import math
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Protocol
 
@@ -102,9 +103,11 @@ class Recorded:
         return min(self.at(tokens), experts) / ranks, 1.0 / ranks
 
 
+@lru_cache(maxsize=8)
 def recorded_routing(path: str) -> Recorded:
     """The distinct experts per MoE layer an engine trace recorded (its steps' moe_experts_active_mean),
-    averaged over the steps of each token count."""
+    averaged over the steps of each token count. Read once per path: a Deployment checks its routing when
+    made and each cost model asks for it again."""
     import traces
 
     steps = traces.load(path).steps
